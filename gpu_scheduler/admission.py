@@ -1,0 +1,171 @@
+"""Admission decisions: an AdmissionReview in, an AdmissionReview out, no I/O.
+
+A pod with the annotation and a map entry gets `CUDA_VISIBLE_DEVICES` in every container and
+init container, plus the label the event source selects on. The patch replaces whole `env`
+lists and single labels, so applying it twice, or re-running the webhook on its own output
+(reinvocationPolicy IfNeeded), changes nothing more.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
+from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, placement_for, spec
+from .schedmap import Placement
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+CONTAINER_FIELDS = ("initContainers", "containers")
+# CUDA numbers devices fastest-first unless told otherwise; PCI_BUS_ID makes the map's indexes
+# the ones nvidia-smi prints.
+DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
+class ReviewError(ValueError):
+    """The body is not a usable AdmissionReview; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Review:
+    api_version: str
+    uid: str
+    operation: str
+    resource: str
+    pod: Mapping[str, Any] | None
+    dry_run: bool
+
+
+def _field(obj: Mapping[str, Any], key: str, path: str, kind: type, required: bool = True) -> Any:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind):
+        found = "missing" if key not in obj else f"a {type(value).__name__}"
+        raise ReviewError(f"{path}{key}: expected {'an object' if kind is dict else 'a string'}, found {found}")
+    return value
+
+
+def parse_review(body: Any) -> Review:
+    """Check the shape of a decoded AdmissionReview and keep what the decision needs."""
+    if not isinstance(body, dict):
+        raise ReviewError(f"body: expected a JSON object (an AdmissionReview), found {type(body).__name__}")
+    if body.get("kind") != "AdmissionReview":
+        raise ReviewError(f"kind: expected 'AdmissionReview', found {body.get('kind')!r}")
+    api_version = body.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        raise ReviewError(f"apiVersion: expected one of {', '.join(API_VERSIONS)}, found {api_version!r}")
+    request = _field(body, "request", "", dict)
+    uid = _field(request, "uid", "request.", str)
+    if not uid:
+        raise ReviewError("request.uid: must not be empty")
+    operation = _field(request, "operation", "request.", str)
+    resource = request.get("resource")
+    resource_name = resource.get("resource", "") if isinstance(resource, dict) else ""
+    pod = None
+    if operation == "CREATE" and resource_name == "pods" and not request.get("subResource"):
+        pod = _field(request, "object", "request.", dict)
+        if not isinstance(pod.get("spec"), dict):
+            raise ReviewError("request.object.spec: expected an object, the pod being created has none")
+    dry_run = request.get("dryRun")
+    return Review(api_version, uid, operation, resource_name, pod, dry_run is True)
+
+
+def _env_with(env: list[Any], values: dict[str, str]) -> list[Any]:
+    """`env` with each name in `values` set once, in its old place if it had one."""
+    result, placed = [], set()
+    for var in env:
+        name = var.get("name") if isinstance(var, dict) else None
+        if name in values:
+            if name not in placed:
+                result.append({"name": name, "value": values[name]})
+                placed.add(name)
+            continue
+        result.append(var)
+    result.extend({"name": n, "value": v} for n, v in values.items() if n not in placed)
+    return result
+
+
+def injected_env(placement: Placement) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": placement.visible_devices, DEVICE_ORDER[0]: DEVICE_ORDER[1]}
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def patch_for(pod: Mapping[str, Any], placement: Placement) -> list[dict[str, Any]]:
+    """JSONPatch operations that make `pod` carry `placement`; empty when it already does."""
+    values = injected_env(placement)
+    ops: list[dict[str, Any]] = []
+    for field in CONTAINER_FIELDS:
+        containers = spec(pod).get(field)
+        if not isinstance(containers, list):
+            continue
+        for i, container in enumerate(containers):
+            if not isinstance(container, dict):
+                continue
+            env = container.get("env")
+            env = env if isinstance(env, list) else []
+            wanted = _env_with(env, values)
+            if wanted != env:
+                ops.append({"op": "add", "path": f"/spec/{field}/{i}/env", "value": wanted})
+    labels = metadata(pod).get("labels")
+    if not isinstance(labels, dict):
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {MANAGED_LABEL: MANAGED_VALUE}})
+    elif labels.get(MANAGED_LABEL) != MANAGED_VALUE:
+        ops.append({"op": "add", "path": f"/metadata/labels/{_escape(MANAGED_LABEL)}", "value": MANAGED_VALUE})
+    return ops
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    message: str = ""
+    reason: str = ""  # for logs and metrics: why this decision
+
+
+def decide(review: Review) -> Decision:
+    """The admission decision for one request."""
+    if review.pod is None:
+        return Decision(True, reason="NotAPodCreate")
+    pod = review.pod
+    if map_text(pod) is None:
+        return Decision(True, reason="NoAnnotation")
+    warnings = []
+    if spec(pod).get("schedulerName") != SCHEDULER_NAME:
+        warnings.append(
+            f"pod has the {ANNOTATION} annotation but spec.schedulerName is not {SCHEDULER_NAME!r}:"
+            " its node is not enforced"
+        )
+    try:
+        placement = placement_for(pod)
+    except NotPlaceable as why:
+        if why.reason == MALFORMED_MAP:
+            return Decision(False, message=why.message, reason=why.reason)
+        return Decision(True, warnings=(*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
+                        reason=why.reason)
+    return Decision(True, tuple(patch_for(pod, placement)), tuple(warnings), reason="Placed")
+
+
+def response_for(review: Review, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview answering `review`, in the API version it was asked in."""
+    response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(decision.patch)).encode()).decode()
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if not decision.allowed:
+        response["status"] = {"code": 400, "reason": "BadRequest", "message": decision.message}
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
+
+
+def admission_response(body: Any) -> tuple[dict[str, Any], Decision]:
+    """Decoded request body -> (AdmissionReview response, decision), or ReviewError."""
+    review = parse_review(body)
+    decision = decide(review)
+    return response_for(review, decision), decision

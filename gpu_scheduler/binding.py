@@ -1,0 +1,132 @@
+"""Binding decisions: which pod events lead to a `pods/binding` call, and its body."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import SCHEDULER_NAME
+from .placement import NotPlaceable, map_text, metadata, placement_for, spec
+
+# CloudEvent types, as Knative's ApiServerSource (mode Resource) and PingSource send them.
+POD_ADD = "dev.knative.apiserver.resource.add"
+POD_UPDATE = "dev.knative.apiserver.resource.update"
+PING = "dev.knative.sources.ping"
+POD_EVENTS = (POD_ADD, POD_UPDATE)
+
+# Field selector for the pods a resync must look at: ours and not yet bound.
+PENDING_SELECTOR = f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName="
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Not ours to act on (not an error)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Bind:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    """Ours, but it cannot be placed: permanent for this pod object."""
+
+    reason: str
+    message: str
+
+
+class EventError(ValueError):
+    """A pod event whose data is not a usable Pod; the message names the field."""
+
+
+def check_pod(data: Any) -> Mapping[str, Any]:
+    """The pod in an event's data, with the fields a binding needs."""
+    if not isinstance(data, Mapping):
+        raise EventError(f"data: expected the pod as a JSON object, found {type(data).__name__}")
+    if data.get("kind", "Pod") != "Pod":
+        raise EventError(f"data.kind: expected 'Pod', found {data.get('kind')!r}")
+    meta = data.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise EventError("data.metadata: expected an object")
+    for key in ("name", "namespace", "uid"):
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            raise EventError(f"data.metadata.{key}: expected a non-empty string")
+    if not isinstance(data.get("spec", {}), Mapping):
+        raise EventError("data.spec: expected an object")
+    return data
+
+
+def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
+    """What to do with a pod seen in an add/update event or a resync listing."""
+    meta, pod_spec = metadata(pod), spec(pod)
+    if pod_spec.get("schedulerName") != SCHEDULER_NAME:
+        return Ignore(f"spec.schedulerName is {pod_spec.get('schedulerName')!r}")
+    if pod_spec.get("nodeName"):
+        return Ignore(f"already bound to {pod_spec['nodeName']}")
+    if meta.get("deletionTimestamp"):
+        return Ignore("being deleted")
+    if map_text(pod) is None:
+        return Unplaceable("NoAnnotation", f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation")
+    try:
+        placement = placement_for(pod)
+    except NotPlaceable as why:
+        return Unplaceable(why.reason, why.message)
+    return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices)
+
+
+def binding_for(bind: Bind) -> dict[str, Any]:
+    """The Binding body. The UID precondition makes the API server refuse to bind a pod that
+    was deleted and re-created under the same name since the decision was made."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": bind.node},
+    }
+
+
+# What a bind attempt came to. `retry` outcomes are answered 503 so Knative redelivers.
+BOUND = "Bound"
+ALREADY_BOUND = "AlreadyBound"
+GONE = "PodGone"
+REPLACED = "PodReplaced"
+BOUND_ELSEWHERE = "BoundElsewhere"
+API_ERROR = "APIError"
+RETRY = "Retry"
+
+# HTTP statuses worth retrying; 0 stands for "no response" (connection refused, timeout).
+TRANSIENT_STATUSES = frozenset({0, 408, 425, 429, 500, 502, 503, 504})
+
+
+def failure_outcome(status: int) -> str:
+    """The outcome of a Binding call that failed with `status` (409 excepted)."""
+    if status in TRANSIENT_STATUSES:
+        return RETRY
+    if status == 404:
+        return GONE
+    return API_ERROR
+
+
+def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:
+    """The outcome of a 409 from the Binding call, given the pod as it is now (None: gone).
+
+    A 409 means the pod was bound meanwhile (often by us: duplicated events, a concurrent
+    replica), or the UID precondition failed because the pod was re-created."""
+    if current is None:
+        return GONE
+    if metadata(current).get("uid") != bind.uid:
+        return REPLACED
+    node = spec(current).get("nodeName")
+    if node == bind.node:
+        return ALREADY_BOUND
+    if node:
+        return BOUND_ELSEWHERE
+    if metadata(current).get("deletionTimestamp"):
+        return GONE
+    return RETRY

@@ -1,0 +1,61 @@
+"""Where a pod goes: its map entry, or the precise reason it has none."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import ANNOTATION
+from .podindex import IndexUnknown, pod_index
+from .schedmap import MapError, Placement, parse_map
+
+# Reasons a pod carrying the annotation cannot be placed. All are permanent for that pod
+# object: retrying the same pod gives the same answer.
+MALFORMED_MAP = "MalformedMap"
+UNKNOWN_INDEX = "UnknownIndex"
+NO_ENTRY = "NoMapEntry"
+
+
+@dataclass(frozen=True)
+class NotPlaceable(Exception):
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    value = pod.get("spec")
+    return value if isinstance(value, Mapping) else {}
+
+
+def map_text(pod: Mapping[str, Any]) -> str | None:
+    """The annotation's value, or None when the pod does not carry it."""
+    annotations = metadata(pod).get("annotations")
+    if not isinstance(annotations, Mapping):
+        return None
+    return annotations.get(ANNOTATION)
+
+
+def placement_for(pod: Mapping[str, Any]) -> Placement:
+    """The Placement of a pod that carries the annotation, or NotPlaceable."""
+    text = map_text(pod)
+    try:
+        entries = parse_map(text)
+    except MapError as error:
+        raise NotPlaceable(MALFORMED_MAP, str(error)) from None
+    try:
+        index = pod_index(metadata(pod))
+    except IndexUnknown as error:
+        raise NotPlaceable(UNKNOWN_INDEX, str(error)) from None
+    if index not in entries:
+        known = ", ".join(str(i) for i in sorted(entries))
+        raise NotPlaceable(
+            NO_ENTRY, f"pod index {index} has no entry in the {ANNOTATION} annotation (entries: {known})"
+        )
+    return entries[index]
