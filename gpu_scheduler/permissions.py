@@ -1,0 +1,21 @@
+"""Every Kubernetes API call each component makes, as RBAC rules: the one place they are listed.
+
+`knative/` grants exactly these and tests check both directions: the manifests grant no more,
+and the running code needs no more (by impersonating the ServiceAccount on a real API server).
+"""
+# (apiGroup, resource, verb)
+BIND = frozenset({
+    ("", "pods", "get"),            # re-read a pod after a 409 from pods/binding
+    ("", "pods", "list"),           # resync: pending pods of ours in all namespaces
+    ("", "pods/binding", "create"),  # the placement itself
+    ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does
+    ("", "events", "create"),       # Scheduled / FailedScheduling
+    ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
+    ("", "nodes", "get"),           # node checks before binding
+})
+# The ApiServerSource's own account: it lists and watches pods and sends them on.
+EVENT_SOURCE = frozenset({
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+})
