@@ -1,0 +1,280 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-controller-manager.
+
+No kubelet runs: Node objects are created by us and their Ready condition is kept fresh by a
+heartbeat thread, so the node-lifecycle controller treats them as healthy. Pods get bound but
+never run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import pki
+
+CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE", Path.home() / ".cache" / "gpu-scheduler"))
+BIN = CACHE / "bin"
+REPO = Path(__file__).resolve().parent.parent
+NODES = ("node1", "node2", "node3", "node4")
+GPUS_PER_NODE = "4"
+HEARTBEAT_SECONDS = 10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ensure_built() -> None:
+    """Build the binaries once (minutes, with progress); a no-op when cached."""
+    subprocess.run(["bash", str(REPO / "localcp" / "build.sh")], check=True)
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+class ControlPlane:
+    def __init__(self, workdir: Path | None = None):
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpu-scheduler-cp-"))
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self.api_port = free_port()
+        self.server = f"https://127.0.0.1:{self.api_port}"
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.kubectl_path = str(BIN / "kubectl")
+        self._tls_context: ssl.SSLContext | None = None
+        self.paused_nodes: set[str] = set()  # nodes whose heartbeat stops, to make them NotReady
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "ControlPlane":
+        try:
+            self._make_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controller_manager()
+            self._create_nodes()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._heartbeat:
+            self._heartbeat.join(timeout=5)
+        for name in reversed(list(self.processes)):
+            self._terminate(name)
+        self.processes.clear()
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if not os.environ.get("GPU_SCHEDULER_KEEP_WORKDIR"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _terminate(self, name: str) -> None:
+        process = self.processes.get(name)
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "wb")
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def _wait(self, name: str, ready, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            process = self.processes[name]
+            if process.poll() is not None:
+                raise ProcessFailed(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise ProcessFailed(f"{name}: {what} not ready after {timeout}s:\n{self.log_tail(name)}")
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _make_pki(self) -> None:
+        d = self.workdir
+        self.ca = pki.make_ca(d)
+        self.serving = pki.make_cert(d, "apiserver", self.ca, "/CN=kube-apiserver",
+                                     sans=("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc"))
+        self.admin = pki.make_cert(d, "admin", self.ca, "/O=system:masters/CN=admin", client=True)
+        self.sa_key = pki.make_rsa_key(d / "sa.key")
+        self.kubeconfig.write_text(self.kubeconfig_text(user={
+            "client-certificate": str(self.admin[1]), "client-key": str(self.admin[0])}))
+
+    def kubeconfig_text(self, user: dict[str, str]) -> str:
+        """A kubeconfig for this API server with the given user credentials (JSON is YAML)."""
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {"server": self.server,
+                                                        "certificate-authority": str(self.ca[1])}}],
+            "users": [{"name": "user", "user": user}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        }, indent=2)
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self._spawn("etcd", [
+            shutil.which("etcd") or "/usr/bin/etcd", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}", "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ], env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")})
+        self._wait("etcd", lambda: urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2).status == 200,
+                   "health endpoint")
+
+    @property
+    def _tls(self) -> ssl.SSLContext:
+        if self._tls_context is None:
+            context = ssl.create_default_context(cafile=str(self.ca[1]))
+            context.load_cert_chain(str(self.admin[1]), str(self.admin[0]))
+            self._tls_context = context
+        return self._tls_context
+
+    def request(self, method: str, path: str, body: dict | None = None,
+                content_type: str = "application/json") -> bytes:
+        """One call to the API server as admin; raises urllib.error.HTTPError on non-2xx."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.server}{path}", data=data, method=method,
+                                     headers={"Content-Type": content_type})
+        with urllib.request.urlopen(req, context=self._tls, timeout=10) as r:
+            return r.read()
+
+    def get(self, path: str) -> bytes:
+        return self.request("GET", path)
+
+    def _start_apiserver(self) -> None:
+        d = self.workdir
+        self._spawn("kube-apiserver", [
+            str(BIN / "kube-apiserver"), "--etcd-servers", self.etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port), "--insecure-port", "0",
+            "--tls-cert-file", str(self.serving[1]), "--tls-private-key-file", str(self.serving[0]),
+            "--client-ca-file", str(self.ca[1]),
+            "--service-account-key-file", str(self.sa_key), "--service-account-signing-key-file", str(self.sa_key),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--api-audiences", "https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range", "10.96.0.0/16", "--authorization-mode", "Node,RBAC",
+            "--endpoint-reconciler-type", "none", "--profiling=false",
+            "--logtostderr=true", "--v=1",
+        ])
+        self._wait("kube-apiserver", lambda: self.get("/readyz") == b"ok", "/readyz", timeout=90)
+
+    def _start_controller_manager(self) -> None:
+        self._spawn("kube-controller-manager", [
+            str(BIN / "kube-controller-manager"), "--kubeconfig", str(self.kubeconfig),
+            "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--port", "0",
+            "--service-account-private-key-file", str(self.sa_key), "--root-ca-file", str(self.ca[1]),
+            "--use-service-account-credentials=true", "--leader-elect=false",
+            "--cluster-signing-cert-file", str(self.ca[1]), "--cluster-signing-key-file", str(self.ca[0]),
+            "--controllers", "*,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
+            "--concurrent-statefulset-syncs", "10",
+            "--kube-api-qps", "200", "--kube-api-burst", "400",
+            "--logtostderr=true", "--v=1",
+        ])
+        # The tokens controller gives the kube-system default account its token once it runs.
+        self._wait("kube-controller-manager", lambda: self.service_account_ready("kube-system"),
+                   "ServiceAccount tokens", timeout=60)
+
+    def service_account_ready(self, namespace: str) -> bool:
+        account = json.loads(self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
+        return bool(account.get("secrets"))
+
+    def wait_namespace_ready(self, namespace: str, timeout: float = 30) -> None:
+        """A namespace accepts pods only once its default ServiceAccount has its token."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.service_account_ready(namespace):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"namespace {namespace}: default ServiceAccount has no token after {timeout}s")
+
+    # -- nodes -----------------------------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args], input=input,
+                              capture_output=True, text=True, check=check)
+
+    def _node(self, name: str) -> dict:
+        resources = {"cpu": "16", "memory": "64Gi", "pods": "250", "nvidia.com/gpu": GPUS_PER_NODE}
+        return {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+                "status": {"capacity": resources, "allocatable": resources, "conditions": self._conditions()}}
+
+    @staticmethod
+    def _conditions(ready: bool = True) -> list[dict]:
+        stamp = now()
+        return [{"type": "Ready", "status": "True" if ready else "False",
+                 "reason": "KubeletReady" if ready else "KubeletNotReady",
+                 "message": "gpu-scheduler local control plane heartbeat",
+                 "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]
+
+    def _create_nodes(self) -> None:
+        for name in NODES:
+            self.request("POST", "/api/v1/nodes", self._node(name))
+        self.beat()
+        self._heartbeat = threading.Thread(target=self._beat_forever, name="node-heartbeat", daemon=True)
+        self._heartbeat.start()
+        # New nodes carry the not-ready taint until the node-lifecycle controller sees them Ready.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            nodes = json.loads(self.get("/api/v1/nodes"))["items"]
+            if all(not n["spec"].get("taints") for n in nodes):
+                return
+            time.sleep(0.5)
+        raise ProcessFailed("nodes still tainted after 60s:\n" + self.log_tail("kube-controller-manager"))
+
+    def beat(self) -> None:
+        for name in NODES:
+            if name in self.paused_nodes:
+                continue
+            self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": self._conditions()}},
+                         "application/strategic-merge-patch+json")
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.beat()
+            except OSError:
+                pass

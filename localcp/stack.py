@@ -1,0 +1,200 @@
+"""The whole system on the local control plane: mutate behind TLS as the API server's webhook,
+bind as the event sink, and the ApiServerSource stand-in between them.
+
+    with LocalStack() as stack: ...   # everything started; everything stopped on exit
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from kubernetes import client, config
+
+from gpu_scheduler import MANAGED_LABEL, MANAGED_VALUE, permissions
+
+from . import pki
+from .cluster import REPO, ControlPlane, ProcessFailed, free_port
+from .eventsource import ApiServerSource, Sender, ping_headers
+
+PYTHON = sys.executable
+WEBHOOK_NAME = "mutate.gpu-scheduler.local"
+BIND_ACCOUNT = ("gpu-scheduler", "bind")
+
+
+def rbac_rules(calls) -> list[dict]:
+    """RBAC rules granting exactly `calls`, one rule per (group, resource)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for group, resource, verb in sorted(calls):
+        grouped.setdefault((group, resource), []).append(verb)
+    return [{"apiGroups": [g], "resources": [r], "verbs": v} for (g, r), v in grouped.items()]
+
+
+class LocalStack:
+    def __init__(self, webhook: bool = True, event_source: bool = True, **source_options):
+        self.cp = ControlPlane()
+        self.webhook = webhook
+        self.event_source = event_source
+        self.source_options = source_options
+        self.source: ApiServerSource | None = None
+        self.mutate_port = free_port()
+        self.bind_port = free_port()
+        self.mutate_url = f"https://127.0.0.1:{self.mutate_port}"
+        self.bind_url = f"http://127.0.0.1:{self.bind_port}"
+
+    def __enter__(self) -> "LocalStack":
+        try:
+            self.cp.start()
+            self.api = self._admin_api()
+            self._start_mutate()
+            if self.webhook:
+                self.register_webhook()
+            self._start_bind()
+            if self.event_source:
+                self.start_event_source(**self.source_options)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.source:
+            self.source.stop()
+        self.cp.__exit__(*exc)
+
+    # -- clients ---------------------------------------------------------------------------
+    def _admin_api(self) -> client.CoreV1Api:
+        self.api_client = config.new_client_from_config(str(self.cp.kubeconfig))
+        return client.CoreV1Api(self.api_client)
+
+    def apply(self, manifest: str | dict) -> str:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        return self.cp.kubectl("apply", "-f", "-", input=text).stdout
+
+    def create_namespace(self, name: str) -> str:
+        self.api.create_namespace({"metadata": {"name": name}})
+        self.cp.wait_namespace_ready(name)
+        return name
+
+    # -- mutate ----------------------------------------------------------------------------
+    def _start_mutate(self) -> None:
+        d = self.cp.workdir
+        self.webhook_ca = pki.make_ca(d, "webhook-ca")
+        key, crt = pki.make_cert(d, "mutate", self.webhook_ca, "/CN=mutate",
+                                 sans=("IP:127.0.0.1", "DNS:localhost"))
+        # functions-framework has no TLS option; gunicorn serves its app over TLS instead.
+        app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
+        self.cp._spawn("mutate", [
+            PYTHON, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.mutate_port}", "--certfile", str(crt),
+            "--keyfile", str(key), "--workers", "1", "--threads", "8", "--worker-class", "gthread",
+            "--chdir", str(REPO), app,
+        ], env=self._function_env())
+        context = ssl.create_default_context(cafile=str(self.webhook_ca[1]))
+        self.cp._wait("mutate", lambda: self._get(f"{self.mutate_url}/health/readiness", context) == 200,
+                      "/health/readiness")
+
+    @staticmethod
+    def _get(url: str, context=None) -> int:
+        with urllib.request.urlopen(url, context=context, timeout=2) as r:
+            return r.status
+
+    @staticmethod
+    def _function_env(**extra: str) -> dict[str, str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
+        env.setdefault("LOG_LEVEL", "INFO")
+        return env
+
+    def webhook_configuration(self) -> dict:
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "gpu-scheduler"},
+            "webhooks": [{
+                "name": WEBHOOK_NAME,
+                "clientConfig": {"url": f"{self.mutate_url}/",
+                                 "caBundle": base64.b64encode(self.webhook_ca[1].read_bytes()).decode()},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                                            "operator": "NotIn",
+                                                            "values": ["kube-system", "gpu-scheduler"]}]},
+                "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 5,
+                "admissionReviewVersions": ["v1"], "reinvocationPolicy": "IfNeeded",
+            }],
+        }
+
+    def register_webhook(self) -> None:
+        self.apply(self.webhook_configuration())
+
+    def unregister_webhook(self) -> None:
+        self.cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-scheduler", "--ignore-not-found")
+
+    # -- bind ------------------------------------------------------------------------------
+    def _bind_kubeconfig(self) -> Path:
+        """bind runs as its own ServiceAccount, granted exactly permissions.BIND."""
+        namespace, name = BIND_ACCOUNT
+        self.create_namespace(namespace)
+        self.api.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+        rbac = client.RbacAuthorizationV1Api(self.api_client)
+        rbac.create_cluster_role({"metadata": {"name": "gpu-scheduler-bind"}, "rules": rbac_rules(permissions.BIND)})
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": "gpu-scheduler-bind"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-scheduler-bind"},
+            "subjects": [{"kind": "ServiceAccount", "namespace": namespace, "name": name}]})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            secrets = self.api.read_namespaced_service_account(name, namespace).secrets or []
+            if secrets:
+                break
+            time.sleep(0.2)
+        else:
+            raise ProcessFailed("the bind ServiceAccount got no token")
+        token = base64.b64decode(self.api.read_namespaced_secret(secrets[0].name, namespace).data["token"]).decode()
+        path = self.cp.workdir / "bind.kubeconfig"
+        path.write_text(self.cp.kubeconfig_text(user={"token": token}))
+        return path
+
+    def _start_bind(self) -> None:
+        self.bind_kubeconfig = self._bind_kubeconfig()
+        self.cp._spawn("bind", [
+            PYTHON, "-m", "functions_framework", "--target", "bind", "--source",
+            str(REPO / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(self.bind_port),
+        ], env=self._function_env(KUBECONFIG=str(self.bind_kubeconfig)))
+        self.cp._wait("bind", lambda: self._get(f"{self.bind_url}/health/readiness") == 200, "/health/readiness")
+
+    def ping(self) -> dict:
+        """What a PingSource tick does: ask bind to resync. Returns bind's answer."""
+        sender = Sender(self.bind_url, retries=0)
+        response = sender.http.request("POST", self.bind_url, body=b"{}", headers=ping_headers())
+        return {"status": response.status, **json.loads(response.data or b"{}")}
+
+    def start_event_source(self, **options) -> ApiServerSource:
+        self.source = ApiServerSource(self.api, self.bind_url, self.cp.server,
+                                      f"{MANAGED_LABEL}={MANAGED_VALUE}", **options).start()
+        return self.source
+
+    # -- waiting ---------------------------------------------------------------------------
+    def pods(self, namespace: str, selector: str = "") -> list[dict]:
+        listing = self.api.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        return json.loads(listing.data)["items"]
+
+    def wait_for(self, condition, timeout: float = 60, what: str = "condition", interval: float = 0.2):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(interval)
+        raise TimeoutError(f"{what} not met after {timeout}s")
+
+    def wait_bound(self, namespace: str, count: int, selector: str = "", timeout: float = 60) -> list[dict]:
+        def bound():
+            pods = self.pods(namespace, selector)
+            done = [p for p in pods if p["spec"].get("nodeName")]
+            return pods if len(pods) >= count and len(done) == len(pods) else None
+        return self.wait_for(bound, timeout, f"{count} pods bound in {namespace}")
