@@ -1,7 +1,7 @@
 """Binding decisions: which pod events lead to a `pods/binding` call, and its body."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import SCHEDULER_NAME
@@ -39,6 +39,7 @@ class Unplaceable:
 
     reason: str
     message: str
+    pod: str = field(default="", compare=False)  # namespace/name, for logs and Events
 
 
 class EventError(ValueError):
@@ -71,12 +72,13 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
         return Ignore(f"already bound to {pod_spec['nodeName']}")
     if meta.get("deletionTimestamp"):
         return Ignore("being deleted")
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
     if map_text(pod) is None:
-        return Unplaceable("NoAnnotation", f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation")
+        return Unplaceable("NoAnnotation", f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation", name)
     try:
         placement = placement_for(pod)
     except NotPlaceable as why:
-        return Unplaceable(why.reason, why.message)
+        return Unplaceable(why.reason, why.message, name)
     return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices)
 
 

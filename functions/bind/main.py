@@ -1,5 +1,5 @@
-"""bind: places pods from ApiServerSource and PingSource CloudEvents. HTTP/CloudEvents/Kubernetes
-<-> gpu_scheduler.binding, nothing else.
+"""bind: places pods from ApiServerSource and PingSource CloudEvents. HTTP/CloudEvents <->
+gpu_scheduler.binding; the Kubernetes calls live in placer.py.
 
 Run locally:  functions-framework --source functions/bind/main.py --target bind
 Knative retries only on connection errors and 404/413/425/429/502/503/504, so: transient API
@@ -9,19 +9,27 @@ import json
 import logging
 
 import functions_framework
-from cloudevents.http import from_http
+import prometheus_client as prom
 from cloudevents.exceptions import GenericException as CloudEventError
+from cloudevents.http import from_http
 from flask import Request
 
+from gpu_scheduler import jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, bind_decision, check_pod
 from placer import Placer
 
 MAX_BODY = 3 * 1024 * 1024
+
+logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("bind")
-placer = Placer.from_environment()  # config read once, at start; the client is reused
+EVENTS = prom.Counter("gpu_scheduler_bind_events_total", "Events received", ["type", "status"])
+placer = Placer.from_environment()  # configuration read once, at start; the client is reused
 
 
-def _reply(status, **body):
+def _reply(status, kind="", **body):
+    EVENTS.labels(kind or "none", str(status)).inc()
+    if status >= 400:
+        log.info("answered %s", status, extra={"status": status, "event_type": kind, **body})
     return json.dumps(body), status, {"Content-Type": "application/json"}
 
 
@@ -31,6 +39,8 @@ def bind(request: Request):
         return "ok\n", 200
     if request.path == "/health/readiness":
         return ("ok\n", 200) if placer.ready() else ("no Kubernetes API configuration\n", 503)
+    if request.path == "/metrics":
+        return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":
         return _reply(405, error=f"{request.method} {request.path}: POST a CloudEvent")
     raw = request.stream.read(MAX_BODY + 1)
@@ -47,9 +57,9 @@ def bind(request: Request):
         try:
             pod = check_pod(event.data)
         except EventError as error:
-            return _reply(400, error=f"malformed {kind} event {event['id']}: {error}")
+            return _reply(400, kind, error=f"malformed {kind} event {event['id']}: {error}")
         outcome = placer.place(bind_decision(pod))
     else:
-        log.debug("ignored event %s of type %s", event["id"], kind)
-        return _reply(200, result="ignored", why=f"event type {kind!r} is not handled")
-    return _reply(503 if outcome.get("retry") else 200, **outcome)
+        log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
+        return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")
+    return _reply(503 if outcome.get("retry") else 200, kind, **outcome)

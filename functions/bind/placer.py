@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import prometheus_client as prom
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -20,6 +21,9 @@ from gpu_scheduler.binding import (
 log = logging.getLogger("bind")
 TIMEOUT = (3, 10)  # connect, read: an outage must turn into a 503 quickly, not a hung request
 SUCCESS = (BOUND, ALREADY_BOUND)
+OUTCOMES = prom.Counter("gpu_scheduler_bind_outcomes_total", "Placement outcomes by result", ["result"])
+LATENCY = prom.Histogram("gpu_scheduler_bind_seconds", "Time to place one pod, API calls included",
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
 
 def _api_message(error: ApiException) -> str:
@@ -53,17 +57,22 @@ class Placer:
 
     def place(self, decision: Ignore | Bind | Unplaceable) -> dict[str, Any]:
         if isinstance(decision, Ignore):
-            log.debug("ignored: %s", decision.why)
+            OUTCOMES.labels("Ignored").inc()
+            log.debug("ignored", extra={"decision": "Ignored", "why": decision.why})
             return {"result": "ignored", "why": decision.why}
         if isinstance(decision, Unplaceable):
-            log.warning("unplaceable: %s: %s", decision.reason, decision.message)
+            OUTCOMES.labels(decision.reason).inc()
+            log.warning("unplaceable", extra={"pod": decision.pod, "decision": decision.reason,
+                                              "detail": decision.message})
             return {"result": decision.reason, "message": decision.message}
         started = time.perf_counter()
         outcome, message = self._bind(decision)
-        log.log(logging.INFO if outcome in SUCCESS else logging.WARNING,
-                "bind %s/%s uid=%s node=%s outcome=%s latency_ms=%.1f %s", decision.namespace,
-                decision.name, decision.uid, decision.node, outcome, (time.perf_counter() - started) * 1000,
-                message)
+        elapsed = time.perf_counter() - started
+        OUTCOMES.labels(outcome).inc()
+        LATENCY.observe(elapsed)
+        log.log(logging.INFO if outcome in SUCCESS else logging.WARNING, "bind", extra={
+            "pod": f"{decision.namespace}/{decision.name}", "uid": decision.uid, "node": decision.node,
+            "decision": outcome, "detail": message, "latency_ms": round(elapsed * 1000, 1)})
         result = {"result": outcome, "pod": f"{decision.namespace}/{decision.name}", "node": decision.node}
         if message:
             result["message"] = message
@@ -119,5 +128,5 @@ class Placer:
         counts: dict[str, int] = {}
         for outcome in outcomes:
             counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1
-        log.info("resync: %d pending pods: %s", len(pods), counts)
+        log.info("resync", extra={"pending": len(pods), "outcomes": counts})
         return {"result": "resynced", "pending": len(pods), "outcomes": counts}

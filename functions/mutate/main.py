@@ -7,25 +7,40 @@ import logging
 import time
 
 import functions_framework
+import prometheus_client as prom
 from flask import Request
 
+from gpu_scheduler import jsonlog
 from gpu_scheduler.admission import ReviewError, admission_response
 
-# The API server's own request limit: no AdmissionReview is larger.
-MAX_BODY = 3 * 1024 * 1024
+MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
 HEALTH = ("/health/liveness", "/health/readiness")
 
+logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("mutate")
+DECISIONS = prom.Counter("gpu_scheduler_admission_decisions_total", "Admission decisions", ["allowed", "reason"])
+ERRORS = prom.Counter("gpu_scheduler_admission_errors_total", "Rejected requests", ["status"])
+LATENCY = prom.Histogram("gpu_scheduler_admission_seconds", "Time to decide one AdmissionReview",
+                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
 
 
 def _error(status, message):
+    ERRORS.labels(str(status)).inc()
+    log.info("rejected request: %s", message, extra={"status": status})
     return json.dumps({"error": message}), status, {"Content-Type": "application/json"}
+
+
+def _pod_name(request):
+    name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get("generateName", "") + "*"
+    return f"{request.get('namespace', '')}/{name}"
 
 
 @functions_framework.http
 def mutate(request: Request):
     if request.path in HEALTH:
-        return "ok\n", 200  # stateless and configured at import: ready once serving
+        return "ok\n", 200  # stateless, configured at import: ready as soon as it serves
+    if request.path == "/metrics":
+        return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":
         return _error(405, f"{request.method} {request.path}: POST an AdmissionReview")
     if (request.content_length or 0) > MAX_BODY:
@@ -35,12 +50,16 @@ def mutate(request: Request):
     if len(raw) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     try:
-        review, decision = admission_response(json.loads(raw))
+        body = json.loads(raw)
+        review, decision = admission_response(body)
     except (ValueError, RecursionError) as error:  # JSONDecodeError and ReviewError are ValueErrors
         kind = "AdmissionReview" if isinstance(error, ReviewError) else "JSON"
-        log.info("rejected malformed request: %s", error)
         return _error(400, f"malformed {kind}: {error}")
-    log.info("admission %s allowed=%s reason=%s patch_ops=%d latency_ms=%.2f %s",
-             review["response"]["uid"], decision.allowed, decision.reason, len(decision.patch),
-             (time.perf_counter() - started) * 1000, decision.message)
+    elapsed = time.perf_counter() - started
+    DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
+    LATENCY.observe(elapsed)
+    log.info("admission decision", extra={
+        "uid": review["response"]["uid"], "pod": _pod_name(body["request"]), "allowed": decision.allowed,
+        "decision": decision.reason, "patch_ops": len(decision.patch), "warnings": list(decision.warnings),
+        "detail": decision.message, "latency_ms": round(elapsed * 1000, 3)})
     return json.dumps(review), 200, {"Content-Type": "application/json"}
