@@ -1,7 +1,8 @@
 """Admission decisions: an AdmissionReview in, an AdmissionReview out, no I/O.
 
 A pod with the annotation and a map entry gets `CUDA_VISIBLE_DEVICES` in every container and
-init container, plus the label the event source selects on. The patch replaces whole `env`
+init container. Every admitted pod with the annotation gets the label the event source selects
+on, so bind also hears of the pods it cannot place and can say why. The patch replaces whole `env`
 lists and single labels, so applying it twice, or re-running the webhook on its own output
 (reinvocationPolicy IfNeeded), changes nothing more.
 """
@@ -77,7 +78,7 @@ def _env_with(env: list[Any], values: dict[str, str]) -> list[Any]:
     result, placed = [], set()
     for var in env:
         name = var.get("name") if isinstance(var, dict) else None
-        if name in values:
+        if isinstance(name, str) and name in values:
             if name not in placed:
                 result.append({"name": name, "value": values[name]})
                 placed.add(name)
@@ -111,12 +112,17 @@ def patch_for(pod: Mapping[str, Any], placement: Placement) -> list[dict[str, An
             wanted = _env_with(env, values)
             if wanted != env:
                 ops.append({"op": "add", "path": f"/spec/{field}/{i}/env", "value": wanted})
+    return ops + label_patch(pod)
+
+
+def label_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The operation adding the label the event source selects on; empty when it is there."""
     labels = metadata(pod).get("labels")
     if not isinstance(labels, dict):
-        ops.append({"op": "add", "path": "/metadata/labels", "value": {MANAGED_LABEL: MANAGED_VALUE}})
-    elif labels.get(MANAGED_LABEL) != MANAGED_VALUE:
-        ops.append({"op": "add", "path": f"/metadata/labels/{_escape(MANAGED_LABEL)}", "value": MANAGED_VALUE})
-    return ops
+        return [{"op": "add", "path": "/metadata/labels", "value": {MANAGED_LABEL: MANAGED_VALUE}}]
+    if labels.get(MANAGED_LABEL) != MANAGED_VALUE:
+        return [{"op": "add", "path": f"/metadata/labels/{_escape(MANAGED_LABEL)}", "value": MANAGED_VALUE}]
+    return []
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,9 @@ def decide(review: Review) -> Decision:
     except NotPlaceable as why:
         if why.reason == MALFORMED_MAP:
             return Decision(False, message=why.message, reason=why.reason)
-        return Decision(True, warnings=(*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
+        # Still labelled, so bind hears of the pod and can report why it stays Pending.
+        return Decision(True, tuple(label_patch(pod)),
+                        (*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
                         reason=why.reason)
     return Decision(True, tuple(patch_for(pod, placement)), tuple(warnings), reason="Placed")
 

@@ -15,7 +15,9 @@ UNKNOWN_INDEX = "UnknownIndex"
 NO_ENTRY = "NoMapEntry"
 
 
-@dataclass(frozen=True)
+# Not frozen: Python assigns __traceback__/__notes__ on exceptions (contextlib, add_note), and a
+# frozen dataclass refuses that with FrozenInstanceError.
+@dataclass(eq=False)
 class NotPlaceable(Exception):
     reason: str
     message: str

@@ -27,9 +27,16 @@ def _string_map(meta: Mapping[str, Any], field: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _to_int(digits: str, where: str) -> int:
+    try:
+        return int(digits)
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        raise IndexUnknown(f"{where} has {len(digits)} digits, too many for an index") from None
+
+
 def _declared_index(value: Any, where: str) -> int:
     if isinstance(value, str) and _DECIMAL.fullmatch(value):
-        return int(value)
+        return _to_int(value, where)
     raise IndexUnknown(f"{where} is {value!r}, not a non-negative decimal integer")
 
 
@@ -58,4 +65,4 @@ def pod_index(meta: Mapping[str, Any]) -> int:
             f"pod name {name!r} does not end in -<index> and the pod has no "
             f"{STATEFULSET_INDEX_LABEL} label or {JOB_INDEX_KEY} annotation"
         )
-    return int(match.group(1))
+    return _to_int(match.group(1), f"the -<index> suffix of pod name {name[:60]!r}")

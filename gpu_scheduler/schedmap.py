@@ -42,7 +42,7 @@ class Placement:
 
     def device_indexes(self) -> tuple[int, ...]:
         """The plain integer devices (UUIDs are not indexes)."""
-        return tuple(int(d) for d in self.devices if _DECIMAL.fullmatch(d))
+        return tuple(i for i in map(parse_index, self.devices) if i is not None)
 
 
 class MapError(ValueError):
@@ -64,7 +64,12 @@ def _line_problem(number: int, line: str, why: str) -> str:
 
 def parse_index(text: str) -> int | None:
     """A decimal index as the map writes it, or None."""
-    return int(text) if _DECIMAL.fullmatch(text) else None
+    if not _DECIMAL.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        return None
 
 
 def _parse_entry(line: str) -> tuple[int, Placement] | str:
@@ -78,7 +83,9 @@ def _parse_entry(line: str) -> tuple[int, Placement] | str:
         if not index_text:
             return "the pod index before '=' is missing"
         if _DIGITS.fullmatch(index_text):
-            return f"pod index {_quote(index_text)} has a leading zero"
+            if index_text.startswith("0"):
+                return f"pod index {_quote(index_text)} has a leading zero"
+            return f"pod index {_quote(index_text)} is too large ({len(index_text)} digits)"
         return f"pod index {_quote(index_text)} is not a non-negative decimal integer"
     node, colon, devices_text = rest.partition(":")
     node = node.strip()

@@ -65,7 +65,6 @@ def main() -> int:
     left = [p.args[0] for p in processes if p.poll() is None]
     print(f"    still running: {left}" if left else "    done: no process left running")
     return 1 if left else 0
-    return 0
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ class ApiServerSource:
         self.random = random.Random(seed)
         self.sent: list[tuple[str, str]] = []  # (type, pod name) actually handed to the sink
         self.dropped: list[str] = []
+        self.paused = False  # while paused, changes are lost, as when no adapter is running
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._watch, name="apiserversource-watch", daemon=True)]
@@ -160,7 +161,7 @@ class ApiServerSource:
         pod.setdefault("kind", "Pod")
         copies = [(kind, pod)] * self.duplicate
         for item in copies:
-            if self.drop_rate and self.random.random() < self.drop_rate:
+            if self.paused or self.drop_rate and self.random.random() < self.drop_rate:
                 self.dropped.append(pod["metadata"]["name"])
                 continue
             self._queue.put(item)

@@ -29,12 +29,20 @@ placer = Placer.from_environment()  # configuration read once, at start; the cli
 def _reply(status, kind="", **body):
     EVENTS.labels(kind or "none", str(status)).inc()
     if status >= 400:
-        log.info("answered %s", status, extra={"status": status, "event_type": kind, **body})
+        log.info("answered %s", status, extra={"status": status, "event_type": kind, "reply": body})
     return json.dumps(body), status, {"Content-Type": "application/json"}
 
 
 @functions_framework.http
 def bind(request: Request):
+    try:
+        return _handle(request)
+    except Exception:  # a bug must not become a 500 that Knative drops: log it, ask for redelivery
+        log.exception("unexpected error")
+        return _reply(503, error="internal error in bind; the event will be redelivered")
+
+
+def _handle(request: Request):
     if request.path == "/health/liveness":
         return "ok\n", 200
     if request.path == "/health/readiness":

@@ -37,6 +37,14 @@ def _pod_name(request):
 
 @functions_framework.http
 def mutate(request: Request):
+    try:
+        return _handle(request)
+    except Exception:  # never a stack trace to the API server: log it, answer a JSON error
+        log.exception("unexpected error")
+        return _error(503, "internal error in mutate")
+
+
+def _handle(request: Request):
     if request.path in HEALTH:
         return "ok\n", 200  # stateless, configured at import: ready as soon as it serves
     if request.path == "/metrics":

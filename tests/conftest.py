@@ -1,0 +1,135 @@
+"""Fixtures: sample events, real functions-framework servers, and the local control plane."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO.parent / "shared" / "sample-events"
+
+
+def sample(name: str) -> dict:
+    return json.loads((SAMPLES / name).read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FunctionServer:
+    """A function served by the real functions-framework CLI, as `func` runs it."""
+
+    def __init__(self, name: str, env: dict[str, str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "functions_framework", "--target", name, "--source",
+             str(REPO / "functions" / name / "main.py"), "--host", "127.0.0.1", "--port", str(self.port)],
+            env={**os.environ, "PYTHONPATH": str(REPO), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{name} exited: {self.process.stdout.read().decode()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health/liveness", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{name} did not start")
+
+    def post(self, body: bytes | str | dict, headers: dict[str, str] | None = None, path: str = "/"):
+        if isinstance(body, dict):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method="POST",
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        return self._open(request)
+
+    def get(self, path: str):
+        return self._open(urllib.request.Request(f"{self.url}{path}"))
+
+    @staticmethod
+    def _open(request):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read(), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            return error.code, error.read(), dict(error.headers)
+
+    def stop(self) -> str:
+        self.process.terminate()
+        out, _ = self.process.communicate(timeout=10)
+        return out.decode(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def mutate_server():
+    server = FunctionServer("mutate", {"LOG_LEVEL": "INFO"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def unreachable_kubeconfig(tmp_path_factory) -> Path:
+    """A kubeconfig naming an API server that refuses connections (nothing listens there)."""
+    path = tmp_path_factory.mktemp("kube") / "config"
+    server = f"https://127.0.0.1:{free_port()}"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def bind_server(unreachable_kubeconfig):
+    """bind with an API server that is down: pod events must come back 503, never 500."""
+    server = FunctionServer("bind", {"KUBECONFIG": str(unreachable_kubeconfig), "LOG_LEVEL": "DEBUG"})
+    yield server
+    server.stop()
+
+
+# -- the local control plane ---------------------------------------------------------------
+@pytest.fixture(scope="session")
+def stack():
+    from localcp.stack import LocalStack
+
+    with LocalStack() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def controlplane(stack):
+    """The API server, for tests that drive it with kubectl: kubeconfig path and kubectl binary."""
+    return SimpleNamespace(kubeconfig=str(stack.cp.kubeconfig), kubectl=stack.cp.kubectl_path, cp=stack.cp)
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def namespace(stack, request) -> str:
+    name = f"t{next(_names)}-{request.node.name.lower().replace('_', '-')}"[:50].rstrip("-[")
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in name).strip("-")
+    stack.create_namespace(name)
+    return name
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if {"stack", "controlplane"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.controlplane)

@@ -1,0 +1,136 @@
+"""The whole system on a real control plane: StatefulSet controller, API server calling the
+webhook over TLS, the event source, bind and the Binding API."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localcp.eventsource import Sender, cloudevent_headers
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = yaml.safe_load((REPO / "check" / "statefulset.yaml").read_text())
+EXPECTED = {0: ("node1", "0,1"), 1: ("node2", "2"), 2: ("node3", "0,1,2"), 3: ("node4", "3"), 4: ("node4", "3")}
+
+
+def statefulset(namespace: str, annotation: str | None = None, replicas: int = 5, name: str = "gpu-scheduler-check"):
+    manifest = json.loads(json.dumps(SEED))
+    manifest["metadata"].update(namespace=namespace, name=name)
+    manifest["spec"]["replicas"] = replicas
+    manifest["spec"]["serviceName"] = name
+    manifest["spec"]["selector"]["matchLabels"] = {"app": name}
+    manifest["spec"]["template"]["metadata"]["labels"] = {"app": name}
+    if annotation is not None:
+        manifest["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] = annotation
+    return manifest
+
+
+def pod_manifest(namespace: str, name: str, annotation: str | None, scheduler: str = "gpu-scheduler") -> dict:
+    metadata = {"name": name, "namespace": namespace}
+    if annotation is not None:
+        metadata["annotations"] = {"gpu-scheduling-map": annotation}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "busybox"}]}}
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {v["name"]: v.get("value") for v in pod["spec"]["containers"][0].get("env", [])}
+
+
+def test_seed_statefulset_is_placed_with_its_devices(stack, namespace):
+    stack.apply(statefulset(namespace))
+    pods = stack.wait_bound(namespace, 5, "app=gpu-scheduler-check")
+    placed = {int(p["metadata"]["name"].rsplit("-", 1)[1]): (p["spec"]["nodeName"], env_of(p)["CUDA_VISIBLE_DEVICES"])
+              for p in pods}
+    assert placed == EXPECTED
+    for pod in pods:
+        assert env_of(pod)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert pod["metadata"]["labels"]["gpu-scheduler/managed"] == "true"
+        assert pod["status"]["phase"] == "Pending"  # bound, not run: no kubelet here
+
+
+def test_malformed_map_is_denied_with_the_line(stack, namespace):
+    bad = "0=node1:0\n1=node2:2,2\n"
+    result = stack.cp.kubectl("apply", "-f", "-", input=json.dumps(pod_manifest(namespace, "p-0", bad)), check=False)
+    assert result.returncode != 0
+    assert 'admission webhook "mutate.gpu-scheduler.local" denied the request' in result.stderr
+    assert "line 2 '1=node2:2,2': device 2 is listed more than once" in result.stderr
+    # Through a StatefulSet: the controller's FailedCreate event carries the same message.
+    stack.apply(statefulset(namespace, bad, replicas=1))
+
+    def failed_create():
+        events = stack.api.list_namespaced_event(namespace, field_selector="reason=FailedCreate").items
+        return [e.message for e in events]
+    messages = stack.wait_for(failed_create, 30, "a FailedCreate event")
+    assert "line 2 '1=node2:2,2'" in messages[0]
+    assert stack.pods(namespace) == []
+
+
+def test_index_without_entry_stays_pending_and_unbound(stack, namespace):
+    result = stack.cp.kubectl("apply", "-f", "-", input=json.dumps(pod_manifest(namespace, "worker-9", "0=node1:0\n")))
+    assert "pod index 9 has no entry" in result.stderr  # kubectl prints the admission warning
+    stack.wait_for(lambda: ("add", "worker-9") in stack.source.sent, 20, "the add event delivered")
+    stack.ping()
+    pod = stack.pods(namespace)[0]
+    assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
+    assert "CUDA_VISIBLE_DEVICES" not in env_of(pod)
+
+
+def test_duplicated_events_bind_once(stack, namespace):
+    stack.source.paused = True
+    try:
+        stack.apply(pod_manifest(namespace, "dup-0", "0=node2:1\n"))
+    finally:
+        stack.source.paused = False
+    pod = stack.pods(namespace)[0]
+    sender = Sender(stack.bind_url, retries=0)
+    answers = []
+    for _ in range(3):
+        response = sender.http.request("POST", stack.bind_url, body=json.dumps(pod).encode(),
+                                       headers=cloudevent_headers("add", pod, stack.cp.server))
+        answers.append((response.status, json.loads(response.data)["result"]))
+    assert answers == [(200, "Bound"), (200, "AlreadyBound"), (200, "AlreadyBound")]
+    assert stack.pods(namespace)[0]["spec"]["nodeName"] == "node2"
+
+
+def test_a_pod_the_events_missed_is_placed_by_a_ping(stack, namespace):
+    stack.source.paused = True  # the adapter was down, or never saw the pod
+    try:
+        stack.apply(statefulset(namespace, replicas=2))
+        stack.wait_for(lambda: len(stack.pods(namespace)) == 2, 30, "2 pods created")
+    finally:
+        stack.source.paused = False
+    time.sleep(1)
+    assert not any(p["spec"].get("nodeName") for p in stack.pods(namespace))
+    answer = stack.ping()
+    assert answer["status"] == 200 and answer["outcomes"].get("Bound", 0) >= 2
+    pods = stack.wait_bound(namespace, 2)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["node1", "node2"]
+
+
+def test_a_stale_event_for_a_re_created_pod(stack, namespace):
+    """bind sends the pod UID as the Binding's precondition. API servers from 1.23 on refuse a
+    stale event's binding for a pod re-created under the same name; 1.20 (this control plane)
+    ignores the UID, so the successor is bound, to the node its own (same) map names."""
+    stack.source.paused = True
+    try:
+        stack.apply(pod_manifest(namespace, "same-0", "0=node3:0\n"))
+        old = stack.pods(namespace)[0]
+        stack.cp.kubectl("delete", "pod", "-n", namespace, "same-0")
+        stack.apply(pod_manifest(namespace, "same-0", "0=node3:0\n"))
+    finally:
+        stack.source.paused = False
+    new = stack.pods(namespace)[0]
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    response = Sender(stack.bind_url, retries=0).http.request(
+        "POST", stack.bind_url, body=json.dumps(old).encode(), headers=cloudevent_headers("add", old, stack.cp.server))
+    result = json.loads(response.data)["result"]
+    assert response.status == 200
+    if result == "Bound":  # the API server ignored the precondition
+        assert stack.pods(namespace)[0]["spec"]["nodeName"] == "node3"
+    else:
+        assert result == "PodReplaced"
