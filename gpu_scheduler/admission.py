@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
-from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, placement_for, spec
-from .schedmap import Placement
+from .devices import CUDA, ModeError, device_env, device_mode, device_warnings
+from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 CONTAINER_FIELDS = ("initContainers", "containers")
-# CUDA numbers devices fastest-first unless told otherwise; PCI_BUS_ID makes the map's indexes
-# the ones nvidia-smi prints.
-DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 class ReviewError(ValueError):
@@ -73,7 +70,7 @@ def parse_review(body: Any) -> Review:
     return Review(api_version, uid, operation, resource_name, pod, dry_run is True)
 
 
-def _env_with(env: list[Any], values: dict[str, str]) -> list[Any]:
+def _env_with(env: list[Any], values: Mapping[str, str]) -> list[Any]:
     """`env` with each name in `values` set once, in its old place if it had one."""
     result, placed = [], set()
     for var in env:
@@ -88,17 +85,13 @@ def _env_with(env: list[Any], values: dict[str, str]) -> list[Any]:
     return result
 
 
-def injected_env(placement: Placement) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": placement.visible_devices, DEVICE_ORDER[0]: DEVICE_ORDER[1]}
-
-
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def patch_for(pod: Mapping[str, Any], placement: Placement) -> list[dict[str, Any]]:
-    """JSONPatch operations that make `pod` carry `placement`; empty when it already does."""
-    values = injected_env(placement)
+def patch_for(pod: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+    """JSONPatch operations that set `values` in every container's env and add the managed
+    label; empty when the pod already has both."""
     ops: list[dict[str, Any]] = []
     for field in CONTAINER_FIELDS:
         containers = spec(pod).get(field)
@@ -134,8 +127,9 @@ class Decision:
     reason: str = ""  # for logs and metrics: why this decision
 
 
-def decide(review: Review) -> Decision:
-    """The admission decision for one request."""
+def decide(review: Review, default_mode: str = CUDA) -> Decision:
+    """The admission decision for one request; `default_mode` is the device env mode (devices.py)
+    for pods that do not choose one."""
     if review.pod is None:
         return Decision(True, reason="NotAPodCreate")
     pod = review.pod
@@ -148,7 +142,10 @@ def decide(review: Review) -> Decision:
             " its node is not enforced"
         )
     try:
-        placement = placement_for(pod)
+        mode = device_mode(pod, default_mode)
+        resolved = resolve(pod)
+    except ModeError as error:
+        return Decision(False, message=str(error), reason="InvalidDeviceMode")
     except NotPlaceable as why:
         if why.reason == MALFORMED_MAP:
             return Decision(False, message=why.message, reason=why.reason)
@@ -156,7 +153,9 @@ def decide(review: Review) -> Decision:
         return Decision(True, tuple(label_patch(pod)),
                         (*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
                         reason=why.reason)
-    return Decision(True, tuple(patch_for(pod, placement)), tuple(warnings), reason="Placed")
+    warnings += [f"{SCHEDULER_NAME}: {message}" for _, message in device_warnings(pod, resolved)]
+    patch = patch_for(pod, device_env(resolved.placement, mode))
+    return Decision(True, tuple(patch), tuple(warnings), reason="Placed")
 
 
 def response_for(review: Review, decision: Decision) -> dict[str, Any]:
@@ -172,8 +171,8 @@ def response_for(review: Review, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 
-def admission_response(body: Any) -> tuple[dict[str, Any], Decision]:
+def admission_response(body: Any, default_mode: str = CUDA) -> tuple[dict[str, Any], Decision]:
     """Decoded request body -> (AdmissionReview response, decision), or ReviewError."""
     review = parse_review(body)
-    decision = decide(review)
+    decision = decide(review, default_mode)
     return response_for(review, decision), decision

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import SCHEDULER_NAME
-from .placement import NotPlaceable, map_text, metadata, placement_for, spec
+from .devices import device_warnings
+from .placement import NotPlaceable, map_text, metadata, resolve, spec
+from .schedmap import Placement
 
 # CloudEvent types, as Knative's ApiServerSource (mode Resource) and PingSource send them.
 POD_ADD = "dev.knative.apiserver.resource.add"
@@ -31,6 +33,12 @@ class Bind:
     uid: str
     node: str
     devices: tuple[str, ...]
+    # (Event reason, message) pairs an operator should see once the pod is bound.
+    warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.node, self.devices)
 
 
 @dataclass(frozen=True)
@@ -76,10 +84,12 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
     if map_text(pod) is None:
         return Unplaceable("NoAnnotation", f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation", name)
     try:
-        placement = placement_for(pod)
+        resolved = resolve(pod)
     except NotPlaceable as why:
         return Unplaceable(why.reason, why.message, name)
-    return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices)
+    placement = resolved.placement
+    return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices,
+                tuple(device_warnings(pod, resolved)))
 
 
 def binding_for(bind: Bind) -> dict[str, Any]:

@@ -10,6 +10,7 @@ BIND = frozenset({
     ("", "pods/binding", "create"),  # the placement itself
     ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does
     ("", "events", "create"),       # Scheduled / FailedScheduling
+    ("", "events", "get"),          # an Event another instance created: read its count
     ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
     ("", "nodes", "get"),           # node checks before binding
 })

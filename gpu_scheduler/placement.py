@@ -44,8 +44,22 @@ def map_text(pod: Mapping[str, Any]) -> str | None:
     return annotations.get(ANNOTATION)
 
 
-def placement_for(pod: Mapping[str, Any]) -> Placement:
-    """The Placement of a pod that carries the annotation, or NotPlaceable."""
+@dataclass(frozen=True)
+class Resolved:
+    """A pod's place in its map: its index, its entry, and the whole map (for device checks)."""
+
+    index: int
+    placement: Placement
+    entries: Mapping[int, Placement]
+
+
+def _listing(indexes: list[int], shown: int = 10) -> str:
+    head = ", ".join(map(str, indexes[:shown]))
+    return head if len(indexes) <= shown else f"{head}, ... ({len(indexes)} entries)"
+
+
+def resolve(pod: Mapping[str, Any]) -> Resolved:
+    """Where a pod that carries the annotation goes, or NotPlaceable saying why not."""
     text = map_text(pod)
     try:
         entries = parse_map(text)
@@ -56,8 +70,13 @@ def placement_for(pod: Mapping[str, Any]) -> Placement:
     except IndexUnknown as error:
         raise NotPlaceable(UNKNOWN_INDEX, str(error)) from None
     if index not in entries:
-        known = ", ".join(str(i) for i in sorted(entries))
         raise NotPlaceable(
-            NO_ENTRY, f"pod index {index} has no entry in the {ANNOTATION} annotation (entries: {known})"
+            NO_ENTRY,
+            f"pod index {index} has no entry in the {ANNOTATION} annotation (entries: {_listing(sorted(entries))})",
         )
-    return entries[index]
+    return Resolved(index, entries[index], entries)
+
+
+def placement_for(pod: Mapping[str, Any]) -> Placement:
+    """The Placement of a pod that carries the annotation, or NotPlaceable."""
+    return resolve(pod).placement

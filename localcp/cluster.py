@@ -103,7 +103,7 @@ class ControlPlane:
             process.wait(timeout=5)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "wb")
+        log = open(self.workdir / f"{name}.log", "ab")
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
         self.processes[name] = process
@@ -181,8 +181,14 @@ class ControlPlane:
     def get(self, path: str) -> bytes:
         return self.request("GET", path)
 
+    def stop_apiserver(self) -> None:
+        self._terminate("kube-apiserver")
+
+    def start_apiserver(self) -> None:
+        """(Re)start the API server on the same port, with the same etcd and certificates."""
+        self._start_apiserver()
+
     def _start_apiserver(self) -> None:
-        d = self.workdir
         self._spawn("kube-apiserver", [
             str(BIN / "kube-apiserver"), "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -249,6 +255,14 @@ class ControlPlane:
                  "reason": "KubeletReady" if ready else "KubeletNotReady",
                  "message": "gpu-scheduler local control plane heartbeat",
                  "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]
+
+    def add_node(self, name: str, ready: bool = True, spec: dict | None = None, gpus: str = GPUS_PER_NODE) -> dict:
+        """One more Node, outside the heartbeat (it goes NotReady after the 40 s grace period)."""
+        node = self._node(name)
+        node["status"]["conditions"] = self._conditions(ready)
+        node["status"]["capacity"]["nvidia.com/gpu"] = node["status"]["allocatable"]["nvidia.com/gpu"] = gpus
+        node["spec"] = spec or {}
+        return json.loads(self.request("POST", "/api/v1/nodes", node))
 
     def _create_nodes(self) -> None:
         for name in NODES:

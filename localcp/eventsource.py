@@ -64,17 +64,25 @@ class Sender:
         self.max_backoff = max_backoff
         self.http = urllib3.PoolManager(maxsize=16, retries=False, timeout=urllib3.Timeout(connect=2, read=30))
         self.statuses: list[int] = []  # every answer seen (0 = connection error), for tests
+        self.results: list[tuple[str, int, str]] = []  # (pod name, status, bind's "result")
         self._lock = threading.Lock()
 
     def send(self, headers: dict[str, str], body: bytes) -> int:
         delay = self.backoff
         for attempt in range(self.retries + 1):
+            result = ""
             try:
-                status = self.http.request("POST", self.sink, body=body, headers=headers).status
+                response = self.http.request("POST", self.sink, body=body, headers=headers)
+                status = response.status
+                try:
+                    result = json.loads(response.data).get("result", "")
+                except (ValueError, AttributeError):
+                    pass
             except urllib3.exceptions.HTTPError:
                 status = 0
             with self._lock:
                 self.statuses.append(status)
+                self.results.append((headers.get("Ce-Name", ""), status, result))
             if status != 0 and status not in RETRIED_STATUSES:
                 return status
             if attempt < self.retries:
@@ -101,6 +109,8 @@ class ApiServerSource:
         self.sent: list[tuple[str, str]] = []  # (type, pod name) actually handed to the sink
         self.dropped: list[str] = []
         self.paused = False  # while paused, changes are lost, as when no adapter is running
+        self._flowing = threading.Event()  # cleared by hold(): events queue up unsent
+        self._flowing.set()
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._watch, name="apiserversource-watch", daemon=True)]
@@ -124,6 +134,13 @@ class ApiServerSource:
 
     def idle(self) -> bool:
         return self._queue.unfinished_tasks == 0
+
+    def hold(self) -> None:
+        """Queue events without sending them (a slow or partitioned adapter)."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     def _watch(self) -> None:
         # Start from "now": like the adapter, nothing is sent for pods that already exist.
@@ -179,6 +196,7 @@ class ApiServerSource:
                 if item is None:
                     return
                 kind, pod = item
+                self._flowing.wait()
                 self.sender.send(cloudevent_headers(kind, pod, self.source), json.dumps(pod).encode())
                 self.sent.append((kind, pod["metadata"]["name"]))
             finally:

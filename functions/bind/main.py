@@ -15,7 +15,7 @@ from cloudevents.http import from_http
 from flask import Request
 
 from gpu_scheduler import jsonlog
-from gpu_scheduler.binding import PING, POD_EVENTS, EventError, bind_decision, check_pod
+from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
 from placer import Placer
 
 MAX_BODY = 3 * 1024 * 1024
@@ -66,7 +66,7 @@ def _handle(request: Request):
             pod = check_pod(event.data)
         except EventError as error:
             return _reply(400, kind, error=f"malformed {kind} event {event['id']}: {error}")
-        outcome = placer.place(bind_decision(pod))
+        outcome = placer.place(pod)
     else:
         log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
         return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Mapping
 
 import prometheus_client as prom
 import urllib3
@@ -14,9 +16,14 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler.binding import (
-    ALREADY_BOUND, BOUND, PENDING_SELECTOR, RETRY, Bind, Ignore, Unplaceable, bind_decision,
+    ALREADY_BOUND, API_ERROR, BOUND, PENDING_SELECTOR, RETRY, Bind, Ignore, Unplaceable, bind_decision,
     binding_for, conflict_outcome, failure_outcome,
 )
+from gpu_scheduler.events import (
+    FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
+)
+from gpu_scheduler.nodecheck import node_problem
+from recorder import Recorder
 
 log = logging.getLogger("bind")
 TIMEOUT = (3, 10)  # connect, read: an outage must turn into a 503 quickly, not a hung request
@@ -26,6 +33,10 @@ LATENCY = prom.Histogram("gpu_scheduler_bind_seconds", "Time to place one pod, A
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
 
+class Unreachable(Exception):
+    """The API server did not answer, or answered with a transient error."""
+
+
 def _api_message(error: ApiException) -> str:
     try:
         return json.loads(error.body)["message"]
@@ -33,11 +44,38 @@ def _api_message(error: ApiException) -> str:
         return f"{error.status} {error.reason}"
 
 
+class NodeCache:
+    """Nodes read with `get`, kept `ttl` seconds: a burst of pods for one node costs one read."""
+
+    def __init__(self, api, ttl: float = 2.0):
+        self.api, self.ttl = api, ttl
+        self._nodes: dict[str, tuple[float, dict | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> dict | None:
+        with self._lock:
+            cached = self._nodes.get(name)
+        if cached and time.monotonic() - cached[0] < self.ttl:
+            return cached[1]
+        try:
+            node = json.loads(self.api.read_node(name, _preload_content=False, _request_timeout=TIMEOUT).data)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            node = None
+        with self._lock:
+            self._nodes[name] = (time.monotonic(), node)
+        return node
+
+
 class Placer:
     def __init__(self, api: client.CoreV1Api | None, problem: str = "", workers: int = 8):
         self.api = api
         self.problem = problem
         self.workers = workers
+        if api is not None:
+            self.nodes = NodeCache(api)
+            self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
 
     @classmethod
     def from_environment(cls) -> "Placer":
@@ -48,32 +86,66 @@ class Placer:
             except config.ConfigException:
                 config.load_kube_config()
         except Exception as error:  # any unusable configuration: stay up, report not ready
-            log.error("no Kubernetes API configuration: %s", error)
+            log.error("no Kubernetes API configuration", extra={"detail": str(error)})
             return cls(None, str(error))
         return cls(client.CoreV1Api(), workers=int(os.environ.get("RESYNC_CONCURRENCY", "8")))
 
     def ready(self) -> bool:
         return self.api is not None
 
-    def place(self, decision: Ignore | Bind | Unplaceable) -> dict[str, Any]:
+    # -- one pod ---------------------------------------------------------------------------
+    def place(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        decision = bind_decision(pod)
         if isinstance(decision, Ignore):
             OUTCOMES.labels("Ignored").inc()
             log.debug("ignored", extra={"decision": "Ignored", "why": decision.why})
             return {"result": "ignored", "why": decision.why}
+        ref = PodRef.of(pod)
+        if self.api is None:
+            return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
         if isinstance(decision, Unplaceable):
-            OUTCOMES.labels(decision.reason).inc()
-            log.warning("unplaceable", extra={"pod": decision.pod, "decision": decision.reason,
-                                              "detail": decision.message})
-            return {"result": decision.reason, "message": decision.message}
+            self._unschedulable(ref, decision.message)
+            return self._report(ref, decision.reason, decision.message)
         started = time.perf_counter()
+        try:
+            problem = node_problem(pod, self.nodes.get(decision.node), decision.placement)
+        except ApiException as error:
+            outcome = failure_outcome(error.status or 0)
+            return self._failed(ref, decision, outcome, f"reading node {decision.node}: {_api_message(error)}")
+        except urllib3.exceptions.HTTPError as error:
+            return self._failed(ref, decision, RETRY, f"Kubernetes API unreachable: {error}")
+        if problem:
+            self._unschedulable(ref, problem)
+            return self._report(ref, UNSCHEDULABLE, problem, decision.node)
         outcome, message = self._bind(decision)
-        elapsed = time.perf_counter() - started
+        LATENCY.observe(time.perf_counter() - started)
+        if outcome == BOUND:
+            self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, decision.node), "Binding")
+            for reason, warning in decision.warnings:
+                self.recorder.event(ref, WARNING, reason, warning, "Binding")
+        elif outcome in (RETRY, API_ERROR):
+            return self._failed(ref, decision, outcome, message)
+        return self._report(ref, outcome, message, decision.node, time.perf_counter() - started)
+
+    def _unschedulable(self, ref: PodRef, message: str) -> None:
+        self.recorder.event(ref, WARNING, FAILED_SCHEDULING, message)
+        self.recorder.unschedulable(ref, UNSCHEDULABLE, message)
+
+    def _failed(self, ref: PodRef, bind: Bind, outcome: str, message: str) -> dict[str, Any]:
+        self.recorder.event(ref, WARNING, FAILED_SCHEDULING, f"binding to {bind.node}: {message}")
+        if outcome == API_ERROR:  # the API answered, and will answer the same: say so on the pod
+            self.recorder.unschedulable(ref, SCHEDULER_ERROR, message)
+        return self._report(ref, outcome, message, bind.node)
+
+    def _report(self, ref: PodRef, outcome: str, message: str, node: str = "", elapsed: float | None = None):
         OUTCOMES.labels(outcome).inc()
-        LATENCY.observe(elapsed)
-        log.log(logging.INFO if outcome in SUCCESS else logging.WARNING, "bind", extra={
-            "pod": f"{decision.namespace}/{decision.name}", "uid": decision.uid, "node": decision.node,
-            "decision": outcome, "detail": message, "latency_ms": round(elapsed * 1000, 1)})
-        result = {"result": outcome, "pod": f"{decision.namespace}/{decision.name}", "node": decision.node}
+        fields = {"pod": str(ref), "uid": ref.uid, "node": node, "decision": outcome, "detail": message}
+        if elapsed is not None:
+            fields["latency_ms"] = round(elapsed * 1000, 1)
+        log.log(logging.INFO if outcome in SUCCESS else logging.WARNING, "placement", extra=fields)
+        result = {"result": outcome, "pod": str(ref)}
+        if node:
+            result["node"] = node
         if message:
             result["message"] = message
         if outcome == RETRY:
@@ -81,8 +153,6 @@ class Placer:
         return result
 
     def _bind(self, bind: Bind) -> tuple[str, str]:
-        if self.api is None:
-            return RETRY, f"no Kubernetes API configuration: {self.problem}"
         try:
             # _preload_content=False: the client cannot deserialize the Binding response
             # (kubernetes-client/python#825); a non-2xx still raises ApiException.
@@ -110,8 +180,10 @@ class Placer:
             return RETRY, f"Kubernetes API unreachable: {error}"
         return conflict_outcome(bind, pod), ""
 
+    # -- all pending pods ------------------------------------------------------------------
     def resync(self) -> dict[str, Any]:
-        """Bind every pending pod of ours: what the event source missed or could not deliver."""
+        """Place every pending pod of ours: what the event source missed or could not deliver,
+        and pods whose node became usable since."""
         if self.api is None:
             return {"result": RETRY, "retry": True, "message": self.problem}
         try:
@@ -119,12 +191,12 @@ class Placer:
                 field_selector=PENDING_SELECTOR, _preload_content=False, _request_timeout=TIMEOUT)
             pods = json.loads(listing.data)["items"]
         except ApiException as error:
-            return {"result": failure_outcome(error.status or 0), "retry": failure_outcome(error.status or 0) == RETRY,
-                    "message": _api_message(error)}
+            outcome = failure_outcome(error.status or 0)
+            return {"result": outcome, "retry": outcome == RETRY, "message": _api_message(error)}
         except urllib3.exceptions.HTTPError as error:
             return {"result": RETRY, "retry": True, "message": f"Kubernetes API unreachable: {error}"}
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            outcomes = list(pool.map(lambda pod: self.place(bind_decision(pod)), pods))
+            outcomes = list(pool.map(self.place, pods))
         counts: dict[str, int] = {}
         for outcome in outcomes:
             counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1

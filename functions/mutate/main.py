@@ -4,6 +4,7 @@ Run locally:  functions-framework --source functions/mutate/main.py --target mut
 """
 import json
 import logging
+import os
 import time
 
 import functions_framework
@@ -12,12 +13,17 @@ from flask import Request
 
 from gpu_scheduler import jsonlog
 from gpu_scheduler.admission import ReviewError, admission_response
+from gpu_scheduler.devices import CUDA, MODES
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
 HEALTH = ("/health/liveness", "/health/readiness")
 
 logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("mutate")
+# Read once at start; a wrong value stops the function here rather than on the first pod.
+DEVICE_ENV_MODE = os.environ.get("DEVICE_ENV_MODE", CUDA)
+if DEVICE_ENV_MODE not in MODES:
+    raise SystemExit(f"DEVICE_ENV_MODE={DEVICE_ENV_MODE!r}: expected one of {', '.join(MODES)}")
 DECISIONS = prom.Counter("gpu_scheduler_admission_decisions_total", "Admission decisions", ["allowed", "reason"])
 ERRORS = prom.Counter("gpu_scheduler_admission_errors_total", "Rejected requests", ["status"])
 LATENCY = prom.Histogram("gpu_scheduler_admission_seconds", "Time to decide one AdmissionReview",
@@ -59,7 +65,7 @@ def _handle(request: Request):
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     try:
         body = json.loads(raw)
-        review, decision = admission_response(body)
+        review, decision = admission_response(body, DEVICE_ENV_MODE)
     except (ValueError, RecursionError) as error:  # JSONDecodeError and ReviewError are ValueErrors
         kind = "AdmissionReview" if isinstance(error, ReviewError) else "JSON"
         return _error(400, f"malformed {kind}: {error}")

@@ -1,0 +1,116 @@
+"""Writes Events and PodScheduled conditions in the background, as client-go's recorder does:
+placement never waits on them, and a full queue drops (and counts) rather than blocks."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Callable
+
+import prometheus_client as prom
+from kubernetes.client.exceptions import ApiException
+
+from gpu_scheduler.events import PodRef, event_for, event_name, recount, unscheduled_condition
+
+log = logging.getLogger("bind.recorder")
+DROPPED = prom.Counter("gpu_scheduler_recorder_dropped_total", "Events and conditions not written", ["why"])
+TIMEOUT = (3, 10)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Recorder:
+    def __init__(self, api, instance: str, capacity: int = 1000, remembered: int = 4096):
+        self.api = api
+        self.instance = instance
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(capacity)
+        self._counts: OrderedDict[str, int] = OrderedDict()  # Event name -> count written
+        self._conditions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # pod uid -> written
+        self._remembered = remembered
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    # -- what the placer calls ------------------------------------------------------------
+    def event(self, pod: PodRef, kind: str, reason: str, message: str, action: str = "Scheduling") -> None:
+        self._submit(lambda: self._write_event(pod, kind, reason, message, action))
+
+    def unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
+        if self._conditions.get(pod.uid) != (reason, message):
+            self._submit(lambda: self._write_condition(pod, reason, message))
+
+    def flush(self, timeout: float = 10) -> None:
+        """Wait until everything submitted so far is written (tests, shutdown)."""
+        done = threading.Event()
+        self._submit(done.set)
+        done.wait(timeout)
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        # Started on first use, not at import: gunicorn imports the function in its master and
+        # forks the worker, and threads do not survive a fork.
+        if self._thread is None or not self._thread.is_alive():
+            with self._start_lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
+                    self._thread.start()
+        try:
+            self._queue.put_nowait(work)
+        except queue.Full:
+            DROPPED.labels("queue-full").inc()
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            try:
+                work()
+            except ApiException as error:
+                DROPPED.labels(str(error.status)).inc()
+                log.info("event or condition not written", extra={"status": error.status, "detail": error.reason})
+            except Exception as error:  # the API may be down: the next failure writes again
+                DROPPED.labels("unreachable").inc()
+                log.info("event or condition not written", extra={"detail": str(error)})
+
+    def _remember(self, cache: OrderedDict, key: str, value) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._remembered:
+            cache.popitem(last=False)
+
+    # -- the writes ------------------------------------------------------------------------
+    def _write_event(self, pod: PodRef, kind: str, reason: str, message: str, action: str) -> None:
+        name = event_name(pod, reason, message)
+        stamp = now()
+        count = self._counts.get(name)
+        if count is None:
+            try:
+                self.api.create_namespaced_event(pod.namespace, event_for(pod, kind, reason, message, stamp,
+                                                                          self.instance, action),
+                                                 _preload_content=False, _request_timeout=TIMEOUT)
+                self._remember(self._counts, name, 1)
+                return
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+            # Created before by another instance, or by us before a restart: count on from it.
+            current = self.api.read_namespaced_event(name, pod.namespace, _request_timeout=TIMEOUT)
+            count = current.count or 1
+        try:
+            self.api.patch_namespaced_event(name, pod.namespace, recount(count + 1, stamp),
+                                            _content_type="application/merge-patch+json",
+                                            _preload_content=False, _request_timeout=TIMEOUT)
+            self._remember(self._counts, name, count + 1)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self._counts.pop(name, None)  # expired (the API server keeps Events for an hour)
+            self._write_event(pod, kind, reason, message, action)
+
+    def _write_condition(self, pod: PodRef, reason: str, message: str) -> None:
+        body = unscheduled_condition(reason, message, now())
+        body["metadata"] = {"uid": pod.uid}  # a precondition: never touch a re-created pod
+        self.api.patch_namespaced_pod_status(pod.name, pod.namespace, body,
+                                             _content_type="application/strategic-merge-patch+json",
+                                             _preload_content=False, _request_timeout=TIMEOUT)
+        self._remember(self._conditions, pod.uid, (reason, message))

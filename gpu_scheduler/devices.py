@@ -1,0 +1,83 @@
+"""Which environment makes a container see the right GPUs, and what deserves a warning.
+
+The rule: CUDA_VISIBLE_DEVICES indexes are host indexes only when the container sees every GPU
+of the node (no device plugin allocation, NVIDIA_VISIBLE_DEVICES=all, the usual default of GPU
+node images). CUDA numbers devices fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so that is
+always set: then index N is the GPU `nvidia-smi` shows as N.
+
+Opt-in `nvidia` mode, for runtimes that honour NVIDIA_VISIBLE_DEVICES from the pod (the NVIDIA
+container toolkit with accept-nvidia-visible-devices-envvar-when-unprivileged): the runtime
+exposes only the listed devices, and inside the container they are 0..k-1.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .placement import Resolved, spec
+from .schedmap import Placement
+
+CUDA, NVIDIA = "cuda", "nvidia"
+MODES = (CUDA, NVIDIA)
+# Per-pod choice of mode; the function's DEVICE_ENV_MODE sets the default.
+MODE_ANNOTATION = "gpu-scheduler/device-env"
+GPU_RESOURCE = "nvidia.com/gpu"
+ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+class ModeError(ValueError):
+    pass
+
+
+def device_mode(pod: Mapping[str, Any], default: str = CUDA) -> str:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    mode = annotations.get(MODE_ANNOTATION, default)
+    if mode not in MODES:
+        raise ModeError(f"annotation {MODE_ANNOTATION} is {mode!r}; expected one of {', '.join(MODES)}")
+    return mode
+
+
+def device_env(placement: Placement, mode: str = CUDA) -> dict[str, str]:
+    """The variables to set; values come only from the parsed map (digits, commas, UUIDs)."""
+    if mode == NVIDIA:
+        inside = ",".join(str(i) for i in range(len(placement.devices)))
+        return {"NVIDIA_VISIBLE_DEVICES": placement.visible_devices, "CUDA_VISIBLE_DEVICES": inside, **ORDER}
+    return {"CUDA_VISIBLE_DEVICES": placement.visible_devices, **ORDER}
+
+
+def requests_gpus(pod: Mapping[str, Any]) -> bool:
+    for field in ("initContainers", "containers"):
+        for container in spec(pod).get(field) or []:
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            for kind in ("limits", "requests"):
+                amounts = resources.get(kind)
+                if isinstance(amounts, Mapping) and GPU_RESOURCE in amounts:
+                    return True
+    return False
+
+
+def shared_devices(resolved: Resolved) -> dict[str, list[int]]:
+    """{device: other pod indexes of the same map given it on the same node}."""
+    mine = resolved.placement
+    shared: dict[str, list[int]] = {}
+    for index, other in resolved.entries.items():
+        if index == resolved.index or other.node != mine.node:
+            continue
+        for device in set(other.devices) & set(mine.devices):
+            shared.setdefault(device, []).append(index)
+    return {device: sorted(indexes) for device, indexes in sorted(shared.items())}
+
+
+def device_warnings(pod: Mapping[str, Any], resolved: Resolved) -> list[tuple[str, str]]:
+    """(Event reason, message) for each thing an operator should know; placement still proceeds."""
+    warnings = []
+    shared = shared_devices(resolved)
+    if shared:
+        listed = "; ".join(f"device {d} also to index {', '.join(map(str, i[:5]))}" for d, i in shared.items())
+        warnings.append(("SharedDevices", f"pod index {resolved.index} shares GPUs on {resolved.placement.node}: {listed}"))
+    if requests_gpus(pod):
+        warnings.append(("GPUResourceRequested",
+                         f"the pod also requests {GPU_RESOURCE}: the device plugin then exposes only its own"
+                         " allocation, renumbered from 0, so the map's device indexes may not mean host GPUs"))
+    return warnings

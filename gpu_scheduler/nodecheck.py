@@ -1,0 +1,70 @@
+"""Can this pod go on that node? The checks kube-scheduler would make for a pinned pod.
+
+A pinned pod has exactly one candidate node, so a failed check means the pod waits (Unschedulable)
+until the node changes; the next resync tries again.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .placement import spec
+from .schedmap import Placement
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Effects the default scheduler's TaintToleration filter refuses; PreferNoSchedule only scores.
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' Toleration.ToleratesTaint."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if key and key != taint.get("key"):
+        return False
+    if operator == "Exists":
+        return True  # an empty key with Exists tolerates every taint
+    return operator == "Equal" and bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def _ready(node: Mapping[str, Any]) -> tuple[bool, str]:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    for condition in conditions:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True", condition.get("message") or condition.get("reason") or ""
+    return False, "it reports no Ready condition"
+
+
+def gpu_capacity(node: Mapping[str, Any]) -> int | None:
+    """The node's advertised nvidia.com/gpu count, or None when it advertises none."""
+    value = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def node_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement) -> str | None:
+    """Why `pod` cannot be bound to `node` now (None: it can)."""
+    name = placement.node
+    if node is None:
+        return f"node {name} does not exist"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return f"node {name} is cordoned (spec.unschedulable)"
+    ready, detail = _ready(node)
+    if not ready:
+        return f"node {name} is not Ready" + (f": {detail}" if detail else "")
+    tolerations = [t for t in spec(pod).get("tolerations") or [] if isinstance(t, Mapping)]
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in BLOCKING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
+            shown = f"{taint.get('key')}={taint.get('value')}" if taint.get("value") else taint.get("key")
+            return f"node {name} has taint {{{shown}: {taint.get('effect')}}} that the pod does not tolerate"
+    capacity = gpu_capacity(node)
+    if capacity is not None:
+        beyond = [i for i in placement.device_indexes() if i >= capacity]
+        if beyond:
+            listed = ", ".join(map(str, beyond))
+            return f"device {listed} is beyond node {name}'s {capacity} {GPU_RESOURCE} (indexes 0..{capacity - 1})"
+    return None
