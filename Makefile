@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit venv controlplane clean
+.PHONY: demo test unit venv controlplane bench clean
 .DEFAULT_GOAL := demo
 
 $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functions/mutate/requirements.txt pyproject.toml
@@ -27,6 +27,12 @@ test: venv controlplane  ## every test: unit, HTTP, offline manifests, and the l
 
 unit: venv  ## the tests that need no control plane
 	$(PY) -m pytest -m "not controlplane" $(PYTEST_ARGS)
+
+bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick)
+	$(PY) -m bench.run $(if $(SMOKE),--smoke,)
+
+# KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
+include kind/kind.mk
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

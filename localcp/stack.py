@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from gpu_scheduler import MANAGED_LABEL, MANAGED_VALUE, permissions
+from gpu_scheduler import MANAGED_LABEL, MANAGED_VALUE
 
 from . import pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
@@ -26,14 +26,6 @@ from .eventsource import ApiServerSource, Sender, ping_headers
 PYTHON = sys.executable
 WEBHOOK_NAME = "mutate.gpu-scheduler.local"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
-
-
-def rbac_rules(calls) -> list[dict]:
-    """RBAC rules granting exactly `calls`, one rule per (group, resource)."""
-    grouped: dict[tuple[str, str], list[str]] = {}
-    for group, resource, verb in sorted(calls):
-        grouped.setdefault((group, resource), []).append(verb)
-    return [{"apiGroups": [g], "resources": [r], "verbs": v} for (g, r), v in grouped.items()]
 
 
 class LocalStack:
@@ -136,16 +128,13 @@ class LocalStack:
 
     # -- bind ------------------------------------------------------------------------------
     def _bind_kubeconfig(self) -> Path:
-        """bind runs as its own ServiceAccount, granted exactly permissions.BIND."""
+        """bind runs as its own ServiceAccount, with the RBAC that knative/ ships (which
+        tests/test_manifests.py holds equal to permissions.BIND): every test then shows that
+        the shipped grant is enough."""
         namespace, name = BIND_ACCOUNT
-        self.create_namespace(namespace)
-        self.api.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
-        rbac = client.RbacAuthorizationV1Api(self.api_client)
-        rbac.create_cluster_role({"metadata": {"name": "gpu-scheduler-bind"}, "rules": rbac_rules(permissions.BIND)})
-        rbac.create_cluster_role_binding({
-            "metadata": {"name": "gpu-scheduler-bind"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-scheduler-bind"},
-            "subjects": [{"kind": "ServiceAccount", "namespace": namespace, "name": name}]})
+        for manifest in ("namespace.yaml", "rbac.yaml"):
+            self.cp.kubectl("apply", "-f", str(REPO / "knative" / manifest))
+        self.cp.wait_namespace_ready(namespace)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             secrets = self.api.read_namespaced_service_account(name, namespace).secrets or []

@@ -200,5 +200,6 @@ class Placer:
         counts: dict[str, int] = {}
         for outcome in outcomes:
             counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1
+        bound = [outcome["pod"] for outcome in outcomes if outcome["result"] == BOUND]
         log.info("resync", extra={"pending": len(pods), "outcomes": counts})
-        return {"result": "resynced", "pending": len(pods), "outcomes": counts}
+        return {"result": "resynced", "pending": len(pods), "outcomes": counts, "bound": bound}
