@@ -134,3 +134,19 @@ def test_a_stale_event_for_a_re_created_pod(stack, namespace):
         assert stack.pods(namespace)[0]["spec"]["nodeName"] == "node3"
     else:
         assert result == "PodReplaced"
+
+
+def test_logs_are_json_lines_with_pod_decision_and_latency(stack, namespace):
+    stack.apply(pod_manifest(namespace, "log-0", "0=node1:0\n"))
+    stack.wait_bound(namespace, 1)
+    pod = f"{namespace}/log-0"
+
+    def entries(name):
+        lines = (stack.cp.workdir / f"{name}.log").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+    placement = stack.wait_for(lambda: [e for e in entries("bind") if e.get("pod") == pod], 10, "bind's log")
+    assert placement[0]["decision"] == "Bound" and placement[0]["node"] == "node1"
+    assert placement[0]["uid"] and placement[0]["latency_ms"] >= 0 and placement[0]["level"] == "info"
+    admission = [e for e in entries("mutate") if e.get("pod") == pod]
+    assert admission[0]["decision"] == "Placed" and admission[0]["allowed"] is True
+    assert admission[0]["latency_ms"] >= 0

@@ -1,0 +1,170 @@
+"""bind's error paths against a fake Kubernetes API. This is the only place the API is faked:
+each answer here (403, 500, 409 after a race, an expired Event) is hard to provoke on a real
+API server on demand; the real behaviour is shown in test_end_to_end, test_faults and
+test_scheduler_contract."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from conftest import REPO, sample
+
+sys.path.insert(0, str(REPO / "functions" / "bind"))
+from placer import Placer  # noqa: E402
+
+POD = sample("apiserversource-add-gpu-scheduler-check-0.json")["body"]  # index 0 -> node1:0,1
+NODE = {"metadata": {"name": "node1"}, "spec": {},
+        "status": {"capacity": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def api_error(status: int, message: str = "") -> ApiException:
+    error = ApiException(status=status, reason="x")
+    error.body = json.dumps({"message": message or f"status {status}"})
+    return error
+
+
+class Raw:
+    def __init__(self, obj):
+        self.data = json.dumps(obj).encode()
+
+    def release_conn(self):
+        pass
+
+
+class FakeApi:
+    """Answers from a script: {method: [answer, ...]}; an exception answer is raised."""
+
+    def __init__(self, **script):
+        self.script = {k: list(v) for k, v in script.items()}
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def _answer(self, method, *args, **kwargs):
+        self.calls.append((method, args, kwargs))
+        answers = self.script.get(method) or [None]
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def __getattr__(self, method):
+        return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
+
+    def called(self, method):
+        return [(args, kwargs) for m, args, kwargs in self.calls if m == method]
+
+
+def placer_with(**script) -> tuple[Placer, FakeApi]:
+    script.setdefault("read_node", [Raw(NODE)])
+    script.setdefault("create_namespaced_pod_binding", [Raw({})])
+    api = FakeApi(**script)
+    return Placer(api), api
+
+
+def placed(placer: Placer, pod=POD) -> dict:
+    result = placer.place(copy.deepcopy(pod))
+    placer.recorder.flush()
+    return result
+
+
+def event_reasons(api) -> list[tuple[str, str]]:
+    return [(body["reason"], body["type"]) for (namespace, body), _ in api.called("create_namespaced_event")]
+
+
+def test_a_bind_records_scheduled():
+    placer, api = placer_with()
+    assert placed(placer) == {"result": "Bound", "pod": "default/gpu-scheduler-check-0", "node": "node1"}
+    ((name, namespace, body), kwargs), = api.called("create_namespaced_pod_binding")
+    assert body["metadata"]["uid"] == POD["metadata"]["uid"] and body["target"]["name"] == "node1"
+    assert kwargs["_preload_content"] is False
+    assert event_reasons(api) == [("Scheduled", "Normal")]
+
+
+def test_forbidden_is_a_scheduler_error_not_retried():
+    placer, api = placer_with(create_namespaced_pod_binding=[api_error(403, "pods/binding is forbidden")])
+    result = placed(placer)
+    assert result["result"] == "APIError" and "retry" not in result
+    assert "forbidden" in result["message"]
+    assert event_reasons(api) == [("FailedScheduling", "Warning")]
+    ((name, namespace, body), kwargs), = api.called("patch_namespaced_pod_status")
+    condition = body["status"]["conditions"][0]
+    assert (condition["reason"], condition["status"]) == ("SchedulerError", "False")
+    assert body["metadata"]["uid"] == POD["metadata"]["uid"]
+    assert kwargs["_content_type"] == "application/strategic-merge-patch+json"
+
+
+@pytest.mark.parametrize("status", [429, 500, 503, 504])
+def test_transient_api_errors_ask_for_redelivery(status):
+    placer, api = placer_with(create_namespaced_pod_binding=[api_error(status)])
+    result = placed(placer)
+    assert result["result"] == "Retry" and result["retry"] is True
+    assert api.called("patch_namespaced_pod_status") == []  # no verdict on the pod for a blip
+
+
+@pytest.mark.parametrize("current, outcome", [
+    ({"spec": {"nodeName": "node1"}}, "AlreadyBound"),
+    ({"spec": {"nodeName": "node2"}}, "BoundElsewhere"),
+    ({"metadata": {"uid": "another"}, "spec": {"nodeName": "node1"}}, "PodReplaced"),
+    (api_error(404), "PodGone"),
+    (api_error(500), "Retry"),
+])
+def test_a_conflict_is_judged_by_the_pod_as_it_is_now(current, outcome):
+    if isinstance(current, dict):
+        pod = copy.deepcopy(POD)
+        pod["metadata"].update(current.get("metadata", {}))
+        pod["spec"].update(current["spec"])
+        current = Raw(pod)
+    placer, api = placer_with(create_namespaced_pod_binding=[api_error(409, "already assigned")],
+                              read_namespaced_pod=[current])
+    assert placed(placer)["result"] == outcome
+
+
+def test_a_missing_node_is_unschedulable_and_a_failing_node_read_is_retried():
+    placer, api = placer_with(read_node=[api_error(404)])
+    result = placed(placer)
+    assert result["result"] == "Unschedulable" and "node node1 does not exist" in result["message"]
+    assert api.called("create_namespaced_pod_binding") == []
+    placer, api = placer_with(read_node=[api_error(503)])
+    assert placed(placer)["retry"] is True
+
+
+def test_a_repeated_failure_counts_up_the_event_another_instance_created():
+    existing = SimpleNamespace(count=4)
+    placer, api = placer_with(read_node=[api_error(404)], create_namespaced_event=[api_error(409)],
+                              read_namespaced_event=[existing])
+    placed(placer)
+    ((name, namespace, patch), kwargs), = api.called("patch_namespaced_event")
+    assert patch["count"] == 5 and kwargs["_content_type"] == "application/merge-patch+json"
+    placed(placer)  # the next failure counts on from what this instance wrote
+    assert api.called("patch_namespaced_event")[-1][0][2]["count"] == 6
+    assert len(api.called("create_namespaced_event")) == 1
+
+
+def test_an_expired_event_is_created_again():
+    placer, api = placer_with(read_node=[api_error(404)], create_namespaced_event=[Raw({}), Raw({})],
+                              patch_namespaced_event=[api_error(404)])
+    placed(placer)
+    placed(placer)
+    assert len(api.called("create_namespaced_event")) == 2
+
+
+def test_the_condition_is_written_once_per_reason():
+    placer, api = placer_with(read_node=[api_error(404)])
+    placed(placer)
+    placed(placer)
+    assert len(api.called("patch_namespaced_pod_status")) == 1
+
+
+def test_resync_retries_when_the_listing_fails_and_places_what_it_lists():
+    placer, api = placer_with(list_pod_for_all_namespaces=[api_error(500)])
+    assert placer.resync()["retry"] is True
+    pending = copy.deepcopy(POD)
+    placer, api = placer_with(list_pod_for_all_namespaces=[Raw({"items": [pending]})])
+    answer = placer.resync()
+    assert answer["outcomes"] == {"Bound": 1} and answer["bound"] == ["default/gpu-scheduler-check-0"]
+    assert api.called("list_pod_for_all_namespaces")[0][1]["field_selector"] == \
+        "spec.schedulerName=gpu-scheduler,spec.nodeName="
