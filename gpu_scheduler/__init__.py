@@ -1,6 +1,6 @@
 """The pure core of gpu-scheduler: no I/O, no Kubernetes client, no HTTP.
 
-Data flows map text -> `parse_map` -> `Placement`; pod -> `pod_index`; both -> `placement_for`;
+Data flows map text -> `parse_map` -> `Placement`; pod -> `pod_index`; both -> `placement.resolve`;
 then `admission` turns a placement into a JSONPatch and `binding` into a Binding body.
 """
 ANNOTATION = "gpu-scheduling-map"

@@ -54,53 +54,51 @@ def test_no_entry_is_unschedulable_and_repeats_count_up_one_event(stack, namespa
     assert len(events) == 1 and events[0].count >= 3  # one Event, counted, not one per retry
 
 
-@pytest.mark.parametrize("case, node_spec, ready, tolerations, expected", [
-    ("cordoned", {"unschedulable": True}, True, [], "is cordoned"),
-    ("notready", {}, False, [], "is not Ready"),
-    ("tainted", {"taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]}, True, [],
+@pytest.fixture
+def extra_node(stack, namespace):
+    """A node name of this test's own, removed afterwards (the shared nodes stay untouched)."""
+    name = f"n-{namespace}"[:60].rstrip("-")
+    yield name
+    stack.cp.kubectl("delete", "node", name, "--ignore-not-found")
+
+
+def placed_by_the_next_resync(stack, namespace, node):
+    stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
+    assert only_pod(stack, namespace)["spec"]["nodeName"] == node
+
+
+@pytest.mark.parametrize("node_spec, ready, expected", [
+    ({"unschedulable": True}, True, "is cordoned"),
+    ({}, False, "is not Ready"),
+    ({"taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]}, True,
      "has taint {gpu=a100: NoSchedule} that the pod does not tolerate"),
-])
-def test_node_checks_keep_the_pod_pending_until_the_node_is_fixed(stack, namespace, case, node_spec, ready,
-                                                                   tolerations, expected):
-    node = f"{case}-{namespace}"[:60].rstrip("-")
-    stack.cp.add_node(node, ready=ready, spec=node_spec)
-    try:
-        stack.apply(pod_manifest(namespace, "w-0", f"0={node}:0\n"))
-        (event,) = wait_event(stack, namespace, "w-0", "FailedScheduling")
-        assert expected in event.message
-        assert not only_pod(stack, namespace)["spec"].get("nodeName")
-        # The node recovers; the next resync places the pod.
-        stack.cp.request("DELETE", f"/api/v1/nodes/{node}")
-        stack.cp.add_node(node)
-        stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
-        assert only_pod(stack, namespace)["spec"]["nodeName"] == node
-    finally:
-        stack.cp.kubectl("delete", "node", node, "--ignore-not-found")
+], ids=["cordoned", "notready", "tainted"])
+def test_node_checks_keep_the_pod_pending_until_the_node_is_fixed(stack, namespace, extra_node, node_spec, ready,
+                                                                   expected):
+    stack.cp.add_node(extra_node, ready=ready, spec=node_spec)
+    stack.apply(pod_manifest(namespace, "w-0", f"0={extra_node}:0\n"))
+    (event,) = wait_event(stack, namespace, "w-0", "FailedScheduling")
+    assert expected in event.message
+    assert not only_pod(stack, namespace)["spec"].get("nodeName")
+    stack.cp.request("DELETE", f"/api/v1/nodes/{extra_node}")
+    stack.cp.add_node(extra_node)  # the node recovers
+    placed_by_the_next_resync(stack, namespace, extra_node)
 
 
-def test_a_tolerated_taint_does_not_block(stack, namespace):
-    node = f"tol-{namespace}"[:60].rstrip("-")
-    stack.cp.add_node(node, spec={"taints": [{"key": "gpu", "effect": "NoSchedule"}]})
-    try:
-        manifest = pod_manifest(namespace, "w-0", f"0={node}:0\n")
-        manifest["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
-        stack.apply(manifest)
-        assert stack.wait_bound(namespace, 1)[0]["spec"]["nodeName"] == node
-    finally:
-        stack.cp.kubectl("delete", "node", node, "--ignore-not-found")
+def test_a_tolerated_taint_does_not_block(stack, namespace, extra_node):
+    stack.cp.add_node(extra_node, spec={"taints": [{"key": "gpu", "effect": "NoSchedule"}]})
+    manifest = pod_manifest(namespace, "w-0", f"0={extra_node}:0\n")
+    manifest["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    stack.apply(manifest)
+    assert stack.wait_bound(namespace, 1)[0]["spec"]["nodeName"] == extra_node
 
 
-def test_a_missing_node_that_appears_later_is_used(stack, namespace):
-    node = f"late-{namespace}"[:60].rstrip("-")
-    try:
-        stack.apply(pod_manifest(namespace, "w-0", f"0={node}:0\n"))
-        (event,) = wait_event(stack, namespace, "w-0", "FailedScheduling")
-        assert f"node {node} does not exist" in event.message
-        stack.cp.add_node(node)
-        stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
-        assert only_pod(stack, namespace)["spec"]["nodeName"] == node
-    finally:
-        stack.cp.kubectl("delete", "node", node, "--ignore-not-found")
+def test_a_missing_node_that_appears_later_is_used(stack, namespace, extra_node):
+    stack.apply(pod_manifest(namespace, "w-0", f"0={extra_node}:0\n"))
+    (event,) = wait_event(stack, namespace, "w-0", "FailedScheduling")
+    assert f"node {extra_node} does not exist" in event.message
+    stack.cp.add_node(extra_node)
+    placed_by_the_next_resync(stack, namespace, extra_node)
 
 
 def test_a_device_beyond_the_node_capacity_is_unschedulable(stack, namespace):
