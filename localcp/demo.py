@@ -57,6 +57,11 @@ def main() -> int:
             if pod["spec"]["nodeName"] in SHOWN_NODES:
                 step(f"kubectl logs {pod['metadata']['name']}   (on {pod['spec']['nodeName']})")
                 print(check_logs(pod), end="")
+        step("kubectl describe pod gpu-scheduler-check-4   (its Events)")
+        stack.wait_for(lambda: len(stack.api.list_namespaced_event(
+            "default", field_selector="involvedObject.name=gpu-scheduler-check-4").items) >= 2, 10, "events")
+        described = stack.cp.kubectl("describe", "pod", "gpu-scheduler-check-4").stdout
+        print(described[described.index("Events:"):], end="")
         print("\nNote: no kubelet runs here, so the pods are bound (NODE is set) but stay Pending;\n"
               "the logs above are check/check.py run locally with each pod's environment, with\n"
               "NODE_NAME resolved from spec.nodeName as the downward API does.")
