@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Mapping
 
 from . import ANNOTATION
@@ -120,9 +122,16 @@ def _parse_entry(line: str) -> tuple[int, Placement] | str:
 
 
 def parse_map(text: str) -> Mapping[int, Placement]:
-    """Parse the annotation's value into {pod index: Placement}, or raise MapError."""
+    """Parse the annotation's value into {pod index: Placement} (read-only), or raise MapError."""
     if not isinstance(text, str):
         raise MapError([f"the annotation value must be a string, not {type(text).__name__}"])
+    return _parse_cached(text)
+
+
+# Every replica of a StatefulSet carries the same map: parse it once, not once per pod
+# (a 1000-entry map takes milliseconds). Results are read-only, so sharing them is safe.
+@lru_cache(maxsize=64)
+def _parse_cached(text: str) -> Mapping[int, Placement]:
     entries: dict[int, Placement] = {}
     first_line: dict[int, int] = {}
     problems: list[str] = []
@@ -147,4 +156,4 @@ def parse_map(text: str) -> Mapping[int, Placement]:
         raise MapError(problems)
     if not entries:
         raise MapError(["the map has no entries"])
-    return entries
+    return MappingProxyType(entries)

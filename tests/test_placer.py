@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from types import SimpleNamespace
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -15,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from conftest import REPO, sample
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
+from kube import CALLS  # noqa: E402
 from placer import Placer  # noqa: E402
 
 POD = sample("apiserversource-add-gpu-scheduler-check-0.json")["body"]  # index 0 -> node1:0,1
@@ -28,16 +28,9 @@ def api_error(status: int, message: str = "") -> ApiException:
     return error
 
 
-class Raw:
-    def __init__(self, obj):
-        self.data = json.dumps(obj).encode()
-
-    def release_conn(self):
-        pass
-
-
 class FakeApi:
-    """Answers from a script: {method: [answer, ...]}; an exception answer is raised."""
+    """Stands in for functions/bind/kube.Kube. Answers from a script: {method: [answer, ...]};
+    an exception answer is raised; the last answer repeats."""
 
     def __init__(self, **script):
         self.script = {k: list(v) for k, v in script.items()}
@@ -52,6 +45,8 @@ class FakeApi:
         return answer
 
     def __getattr__(self, method):
+        if method not in CALLS:  # only what the real client offers
+            raise AttributeError(method)
         return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
 
     def called(self, method):
@@ -59,8 +54,8 @@ class FakeApi:
 
 
 def placer_with(**script) -> tuple[Placer, FakeApi]:
-    script.setdefault("read_node", [Raw(NODE)])
-    script.setdefault("create_namespaced_pod_binding", [Raw({})])
+    script.setdefault("read_node", [NODE])
+    script.setdefault("bind", [{}])
     api = FakeApi(**script)
     return Placer(api), api
 
@@ -72,37 +67,36 @@ def placed(placer: Placer, pod=POD) -> dict:
 
 
 def event_reasons(api) -> list[tuple[str, str]]:
-    return [(body["reason"], body["type"]) for (namespace, body), _ in api.called("create_namespaced_event")]
+    return [(body["reason"], body["type"]) for (namespace, body), _ in api.called("create_event")]
 
 
 def test_a_bind_records_scheduled():
     placer, api = placer_with()
     assert placed(placer) == {"result": "Bound", "pod": "default/gpu-scheduler-check-0", "node": "node1"}
-    ((name, namespace, body), kwargs), = api.called("create_namespaced_pod_binding")
+    ((namespace, name, body), _), = api.called("bind")
+    assert (namespace, name) == ("default", "gpu-scheduler-check-0")
     assert body["metadata"]["uid"] == POD["metadata"]["uid"] and body["target"]["name"] == "node1"
-    assert kwargs["_preload_content"] is False
     assert event_reasons(api) == [("Scheduled", "Normal")]
 
 
 def test_forbidden_is_a_scheduler_error_not_retried():
-    placer, api = placer_with(create_namespaced_pod_binding=[api_error(403, "pods/binding is forbidden")])
+    placer, api = placer_with(bind=[api_error(403, "pods/binding is forbidden")])
     result = placed(placer)
     assert result["result"] == "APIError" and "retry" not in result
     assert "forbidden" in result["message"]
     assert event_reasons(api) == [("FailedScheduling", "Warning")]
-    ((name, namespace, body), kwargs), = api.called("patch_namespaced_pod_status")
+    ((namespace, name, body), _), = api.called("patch_pod_status")
     condition = body["status"]["conditions"][0]
     assert (condition["reason"], condition["status"]) == ("SchedulerError", "False")
     assert body["metadata"]["uid"] == POD["metadata"]["uid"]
-    assert kwargs["_content_type"] == "application/strategic-merge-patch+json"
 
 
 @pytest.mark.parametrize("status", [429, 500, 503, 504])
 def test_transient_api_errors_ask_for_redelivery(status):
-    placer, api = placer_with(create_namespaced_pod_binding=[api_error(status)])
+    placer, api = placer_with(bind=[api_error(status)])
     result = placed(placer)
     assert result["result"] == "Retry" and result["retry"] is True
-    assert api.called("patch_namespaced_pod_status") == []  # no verdict on the pod for a blip
+    assert api.called("patch_pod_status") == []  # no verdict on the pod for a blip
 
 
 @pytest.mark.parametrize("current, outcome", [
@@ -117,9 +111,8 @@ def test_a_conflict_is_judged_by_the_pod_as_it_is_now(current, outcome):
         pod = copy.deepcopy(POD)
         pod["metadata"].update(current.get("metadata", {}))
         pod["spec"].update(current["spec"])
-        current = Raw(pod)
-    placer, api = placer_with(create_namespaced_pod_binding=[api_error(409, "already assigned")],
-                              read_namespaced_pod=[current])
+        current = pod
+    placer, api = placer_with(bind=[api_error(409, "already assigned")], read_pod=[current])
     assert placed(placer)["result"] == outcome
 
 
@@ -127,44 +120,46 @@ def test_a_missing_node_is_unschedulable_and_a_failing_node_read_is_retried():
     placer, api = placer_with(read_node=[api_error(404)])
     result = placed(placer)
     assert result["result"] == "Unschedulable" and "node node1 does not exist" in result["message"]
-    assert api.called("create_namespaced_pod_binding") == []
+    assert api.called("bind") == []
     placer, api = placer_with(read_node=[api_error(503)])
     assert placed(placer)["retry"] is True
 
 
 def test_a_repeated_failure_counts_up_the_event_another_instance_created():
-    existing = SimpleNamespace(count=4)
-    placer, api = placer_with(read_node=[api_error(404)], create_namespaced_event=[api_error(409)],
-                              read_namespaced_event=[existing])
+    placer, api = placer_with(read_node=[api_error(404)], create_event=[api_error(409)],
+                              read_event=[{"count": 4}])
     placed(placer)
-    ((name, namespace, patch), kwargs), = api.called("patch_namespaced_event")
-    assert patch["count"] == 5 and kwargs["_content_type"] == "application/merge-patch+json"
+    ((namespace, name, patch), _), = api.called("patch_event")
+    assert patch["count"] == 5
     placed(placer)  # the next failure counts on from what this instance wrote
-    assert api.called("patch_namespaced_event")[-1][0][2]["count"] == 6
-    assert len(api.called("create_namespaced_event")) == 1
+    assert api.called("patch_event")[-1][0][2]["count"] == 6
+    assert len(api.called("create_event")) == 1
 
 
 def test_an_expired_event_is_created_again():
-    placer, api = placer_with(read_node=[api_error(404)], create_namespaced_event=[Raw({}), Raw({})],
-                              patch_namespaced_event=[api_error(404)])
+    placer, api = placer_with(read_node=[api_error(404)], create_event=[{}], patch_event=[api_error(404)])
     placed(placer)
     placed(placer)
-    assert len(api.called("create_namespaced_event")) == 2
+    assert len(api.called("create_event")) == 2
 
 
 def test_the_condition_is_written_once_per_reason():
     placer, api = placer_with(read_node=[api_error(404)])
     placed(placer)
     placed(placer)
-    assert len(api.called("patch_namespaced_pod_status")) == 1
+    assert len(api.called("patch_pod_status")) == 1
 
 
 def test_resync_retries_when_the_listing_fails_and_places_what_it_lists():
-    placer, api = placer_with(list_pod_for_all_namespaces=[api_error(500)])
+    placer, api = placer_with(list_pods=[api_error(500)])
     assert placer.resync()["retry"] is True
-    pending = copy.deepcopy(POD)
-    placer, api = placer_with(list_pod_for_all_namespaces=[Raw({"items": [pending]})])
+    placer, api = placer_with(list_pods=[[copy.deepcopy(POD)]])
     answer = placer.resync()
     assert answer["outcomes"] == {"Bound": 1} and answer["bound"] == ["default/gpu-scheduler-check-0"]
-    assert api.called("list_pod_for_all_namespaces")[0][1]["field_selector"] == \
-        "spec.schedulerName=gpu-scheduler,spec.nodeName="
+    assert api.called("list_pods")[0][0] == ("spec.schedulerName=gpu-scheduler,spec.nodeName=",)
+
+
+def test_the_client_makes_exactly_the_calls_rbac_grants():
+    from gpu_scheduler import permissions
+
+    assert set(CALLS.values()) == permissions.BIND

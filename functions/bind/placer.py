@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 import prometheus_client as prom
 import urllib3
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler.binding import (
@@ -23,10 +22,10 @@ from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
 from gpu_scheduler.nodecheck import node_problem
+from kube import Kube, load_configuration
 from recorder import Recorder
 
 log = logging.getLogger("bind")
-TIMEOUT = (3, 10)  # connect, read: an outage must turn into a 503 quickly, not a hung request
 SUCCESS = (BOUND, ALREADY_BOUND)
 OUTCOMES = prom.Counter("gpu_scheduler_bind_outcomes_total", "Placement outcomes by result", ["result"])
 LATENCY = prom.Histogram("gpu_scheduler_bind_seconds", "Time to place one pod, API calls included",
@@ -58,7 +57,7 @@ class NodeCache:
         if cached and time.monotonic() - cached[0] < self.ttl:
             return cached[1]
         try:
-            node = json.loads(self.api.read_node(name, _preload_content=False, _request_timeout=TIMEOUT).data)
+            node = self.api.read_node(name)
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -69,7 +68,7 @@ class NodeCache:
 
 
 class Placer:
-    def __init__(self, api: client.CoreV1Api | None, problem: str = "", workers: int = 8):
+    def __init__(self, api: Kube | None, problem: str = "", workers: int = 8):
         self.api = api
         self.problem = problem
         self.workers = workers
@@ -81,14 +80,11 @@ class Placer:
     def from_environment(cls) -> "Placer":
         """In a cluster, the pod's ServiceAccount; elsewhere KUBECONFIG (or ~/.kube/config)."""
         try:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            configuration = load_configuration()
         except Exception as error:  # any unusable configuration: stay up, report not ready
             log.error("no Kubernetes API configuration", extra={"detail": str(error)})
             return cls(None, str(error))
-        return cls(client.CoreV1Api(), workers=int(os.environ.get("RESYNC_CONCURRENCY", "8")))
+        return cls(Kube(configuration), workers=int(os.environ.get("RESYNC_CONCURRENCY", "8")))
 
     def ready(self) -> bool:
         return self.api is not None
@@ -154,11 +150,7 @@ class Placer:
 
     def _bind(self, bind: Bind) -> tuple[str, str]:
         try:
-            # _preload_content=False: the client cannot deserialize the Binding response
-            # (kubernetes-client/python#825); a non-2xx still raises ApiException.
-            self.api.create_namespaced_pod_binding(
-                bind.name, bind.namespace, binding_for(bind),
-                _preload_content=False, _request_timeout=TIMEOUT).release_conn()
+            self.api.bind(bind.namespace, bind.name, binding_for(bind))
             return BOUND, ""
         except ApiException as error:
             if error.status == 409:
@@ -169,9 +161,7 @@ class Placer:
 
     def _after_conflict(self, bind: Bind) -> tuple[str, str]:
         try:
-            current = self.api.read_namespaced_pod(bind.name, bind.namespace, _preload_content=False,
-                                                   _request_timeout=TIMEOUT)
-            pod = json.loads(current.data)
+            pod = self.api.read_pod(bind.namespace, bind.name)
         except ApiException as error:
             if error.status != 404:
                 return failure_outcome(error.status or 0), _api_message(error)
@@ -187,9 +177,7 @@ class Placer:
         if self.api is None:
             return {"result": RETRY, "retry": True, "message": self.problem}
         try:
-            listing = self.api.list_pod_for_all_namespaces(
-                field_selector=PENDING_SELECTOR, _preload_content=False, _request_timeout=TIMEOUT)
-            pods = json.loads(listing.data)["items"]
+            pods = self.api.list_pods(PENDING_SELECTOR)
         except ApiException as error:
             outcome = failure_outcome(error.status or 0)
             return {"result": outcome, "retry": outcome == RETRY, "message": _api_message(error)}

@@ -16,7 +16,6 @@ from gpu_scheduler.events import PodRef, event_for, event_name, recount, unsched
 
 log = logging.getLogger("bind.recorder")
 DROPPED = prom.Counter("gpu_scheduler_recorder_dropped_total", "Events and conditions not written", ["why"])
-TIMEOUT = (3, 10)
 
 
 def now() -> str:
@@ -85,21 +84,16 @@ class Recorder:
         count = self._counts.get(name)
         if count is None:
             try:
-                self.api.create_namespaced_event(pod.namespace, event_for(pod, kind, reason, message, stamp,
-                                                                          self.instance, action),
-                                                 _preload_content=False, _request_timeout=TIMEOUT)
+                self.api.create_event(pod.namespace, event_for(pod, kind, reason, message, stamp, self.instance, action))
                 self._remember(self._counts, name, 1)
                 return
             except ApiException as error:
                 if error.status != 409:
                     raise
             # Created before by another instance, or by us before a restart: count on from it.
-            current = self.api.read_namespaced_event(name, pod.namespace, _request_timeout=TIMEOUT)
-            count = current.count or 1
+            count = self.api.read_event(pod.namespace, name).get("count") or 1
         try:
-            self.api.patch_namespaced_event(name, pod.namespace, recount(count + 1, stamp),
-                                            _content_type="application/merge-patch+json",
-                                            _preload_content=False, _request_timeout=TIMEOUT)
+            self.api.patch_event(pod.namespace, name, recount(count + 1, stamp))
             self._remember(self._counts, name, count + 1)
         except ApiException as error:
             if error.status != 404:
@@ -110,7 +104,5 @@ class Recorder:
     def _write_condition(self, pod: PodRef, reason: str, message: str) -> None:
         body = unscheduled_condition(reason, message, now())
         body["metadata"] = {"uid": pod.uid}  # a precondition: never touch a re-created pod
-        self.api.patch_namespaced_pod_status(pod.name, pod.namespace, body,
-                                             _content_type="application/strategic-merge-patch+json",
-                                             _preload_content=False, _request_timeout=TIMEOUT)
+        self.api.patch_pod_status(pod.namespace, pod.name, body)
         self._remember(self._conditions, pod.uid, (reason, message))
