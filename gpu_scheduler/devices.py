@@ -11,10 +11,11 @@ exposes only the listed devices, and inside the container they are 0..k-1.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping
 
 from .placement import Resolved, spec
-from .schedmap import Placement
+from .schedmap import Placement, parse_map
 
 CUDA, NVIDIA = "cuda", "nvidia"
 MODES = (CUDA, NVIDIA)
@@ -57,16 +58,22 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
     return False
 
 
+@lru_cache(maxsize=64)
+def _claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
+    """{(node, device): indexes given it}, once per map rather than once per pod."""
+    claims: dict[tuple[str, str], list[int]] = {}
+    for index, placement in sorted(parse_map(map_text).items()):
+        for device in placement.devices:
+            claims.setdefault((placement.node, device), []).append(index)
+    return {key: tuple(indexes) for key, indexes in claims.items()}
+
+
 def shared_devices(resolved: Resolved) -> dict[str, list[int]]:
     """{device: other pod indexes of the same map given it on the same node}."""
     mine = resolved.placement
-    shared: dict[str, list[int]] = {}
-    for index, other in resolved.entries.items():
-        if index == resolved.index or other.node != mine.node:
-            continue
-        for device in set(other.devices) & set(mine.devices):
-            shared.setdefault(device, []).append(index)
-    return {device: sorted(indexes) for device, indexes in sorted(shared.items())}
+    claims = _claims(resolved.map_text)
+    shared = {device: [i for i in claims[(mine.node, device)] if i != resolved.index] for device in mine.devices}
+    return {device: indexes for device, indexes in sorted(shared.items()) if indexes}
 
 
 def device_warnings(pod: Mapping[str, Any], resolved: Resolved) -> list[tuple[str, str]]:

@@ -51,6 +51,7 @@ class Resolved:
     index: int
     placement: Placement
     entries: Mapping[int, Placement]
+    map_text: str = ""
 
 
 def _listing(indexes: list[int], shown: int = 10) -> str:
@@ -74,7 +75,7 @@ def resolve(pod: Mapping[str, Any]) -> Resolved:
             NO_ENTRY,
             f"pod index {index} has no entry in the {ANNOTATION} annotation (entries: {_listing(sorted(entries))})",
         )
-    return Resolved(index, entries[index], entries)
+    return Resolved(index, entries[index], entries, text)
 
 
 def placement_for(pod: Mapping[str, Any]) -> Placement:

@@ -8,6 +8,9 @@ Binding response anyway (kubernetes-client/python#825). Eight REST calls are sim
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -20,6 +23,9 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 quickly, not a hang
+# The package's token hook re-reads the kubeconfig on every call (0.5 ms, most of it scanning the
+# environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
+AUTH_REFRESH_SECONDS = 10.0
 
 # Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND.
 CALLS = {
@@ -40,7 +46,8 @@ def load_configuration() -> Configuration:
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
+        # KUBECONFIG as it is now (the package reads it once, when first imported).
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return configuration
 
 
@@ -50,13 +57,21 @@ class Kube:
         self.host = configuration.host.rstrip("/")
         # The kubernetes package's pool: its TLS settings (CA, client certificates) come with it.
         self.http = ApiClient(configuration).rest_client.pool_manager
+        self._auth: tuple[float, dict[str, str]] = (float("-inf"), {})
+        self._auth_lock = threading.Lock()
+
+    def _auth_headers(self) -> dict[str, str]:
+        with self._auth_lock:
+            fetched, headers = self._auth
+            if time.monotonic() - fetched > AUTH_REFRESH_SECONDS:
+                bearer = self.configuration.auth_settings().get("BearerToken")  # refreshes tokens
+                headers = {bearer["key"]: bearer["value"]} if bearer and bearer["value"] else {}
+                self._auth = (time.monotonic(), headers)
+            return headers
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = JSON,
               query: dict[str, str] | None = None) -> dict:
-        headers = {"Accept": JSON}
-        bearer = self.configuration.auth_settings().get("BearerToken")  # refreshes in-cluster tokens
-        if bearer and bearer["value"]:
-            headers[bearer["key"]] = bearer["value"]
+        headers = {"Accept": JSON, **self._auth_headers()}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
