@@ -30,10 +30,21 @@ GPUS_PER_NODE = "4"
 HEARTBEAT_SECONDS = 10
 
 
+_issued: set[int] = set()
+_issued_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never handed out twice by this process: ports are
+    chosen before the servers that use them start, so the kernel could offer one again."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _issued_lock:
+            if port not in _issued:
+                _issued.add(port)
+                return port
 
 
 def now() -> str:

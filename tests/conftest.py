@@ -4,7 +4,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from localcp.cluster import free_port  # noqa: F401  (one issuer of ports for the whole run)
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO.parent / "shared" / "sample-events"
 
@@ -22,10 +23,6 @@ def sample(name: str) -> dict:
     return json.loads((SAMPLES / name).read_text())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FunctionServer:
