@@ -71,7 +71,6 @@ class ControlPlane:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.kubectl_path = str(BIN / "kubectl")
         self._tls_context: ssl.SSLContext | None = None
-        self.paused_nodes: set[str] = set()  # nodes whose heartbeat stops, to make them NotReady
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "ControlPlane":
@@ -292,8 +291,6 @@ class ControlPlane:
 
     def beat(self) -> None:
         for name in NODES:
-            if name in self.paused_nodes:
-                continue
             self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": self._conditions()}},
                          "application/strategic-merge-patch+json")
 

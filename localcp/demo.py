@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from .cluster import REPO, ensure_built
 from .stack import LocalStack

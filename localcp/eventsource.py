@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import urllib3
 from kubernetes.watch.watch import iter_resp_lines

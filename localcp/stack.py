@@ -9,7 +9,6 @@ import base64
 import json
 import os
 import ssl
-import subprocess
 import sys
 import time
 import urllib.request

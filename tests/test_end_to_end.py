@@ -3,11 +3,9 @@ webhook over TLS, the event source, bind and the Binding API."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from localcp.eventsource import Sender, cloudevent_headers

@@ -3,7 +3,6 @@ them (readOnlyRootFilesystem), given the TMPDIR=/dev/shm their Dockerfiles set. 
 private mount namespace whose / is remounted read-only and /dev/shm is a fresh tmpfs."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
