@@ -223,10 +223,12 @@ def table(results: dict) -> str:
     rows.append(f"{'  create latency p50/p99 without -> with (ms)':<58} "
                 f"{a['without_ms']['p50']:.1f}/{a['without_ms']['p99']:.1f} -> {a['with_ms']['p50']:.1f}/{a['with_ms']['p99']:.1f}"
                 f"   (p99 ratio {a['p99_ratio']:.2f})")
-    for entries, h in results["handler"].items():
-        goal_ok = h["p99_ms"] < 2 if entries == "5" else True  # the 1000-entry figures are reported
-        row(f"mutate handler alone, {entries}-entry map, p50/p99 ms", f"{h['p50_ms']:.3f}/{h['p99_ms']:.3f}",
-            "p99 < 2 ms" if entries == "5" else "(report)", goal_ok)
+    labels = {"5": "5-entry map", "1000": "1000-entry map, as replicas see it",
+              "1000, every map new": "1000-entry map, new on every request"}
+    for key, h in results["handler"].items():
+        goal_ok = h["p99_ms"] < 2 if key == "5" else True  # the 1000-entry figures are reported
+        row(f"mutate handler alone, {labels[key]}, p50/p99 ms", f"{h['p50_ms']:.3f}/{h['p99_ms']:.3f}",
+            "p99 < 2 ms" if key == "5" else "(report)", goal_ok)
     s = results["statefulset"]
     row(f"StatefulSet {s['replicas']} replicas: all bound / all created",
         f"{s['ratio']:.2f} ({s['bound_s']:.1f}/{s['created_s']:.1f}s)" if s["ratio"] else "n/a", "<= 1.2",
