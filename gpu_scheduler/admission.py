@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
@@ -33,6 +33,19 @@ class Review:
     resource: str
     pod: Mapping[str, Any] | None
     dry_run: bool
+    pod_name: str = field(default="", compare=False)  # namespace/name (or generateName*), for logs
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _pod_name(request: Mapping[str, Any], pod: Mapping[str, Any] | None) -> str:
+    name = _text(request.get("name"))
+    if not name and pod is not None:
+        generate = _text(metadata(pod).get("generateName"))
+        name = f"{generate}*" if generate else ""
+    return f"{_text(request.get('namespace'))}/{name}"
 
 
 def _field(obj: Mapping[str, Any], key: str, path: str, kind: type, required: bool = True) -> Any:
@@ -67,7 +80,7 @@ def parse_review(body: Any) -> Review:
         if not isinstance(pod.get("spec"), dict):
             raise ReviewError("request.object.spec: expected an object, the pod being created has none")
     dry_run = request.get("dryRun")
-    return Review(api_version, uid, operation, resource_name, pod, dry_run is True)
+    return Review(api_version, uid, operation, resource_name, pod, dry_run is True, _pod_name(request, pod))
 
 
 def _env_with(env: list[Any], values: Mapping[str, str]) -> list[Any]:

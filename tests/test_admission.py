@@ -550,3 +550,19 @@ def test_patch_is_idempotent_and_complete(index, regular, init, labels):
                 {"name": CDO, "value": "PCI_BUS_ID"}, {"name": CVD, "value": SEED_DEVICES[index]}]
             others = [e for e in before.get("env") or [] if not (isinstance(e, dict) and e.get("name") in (CVD, CDO))]
             assert [e for e in env if e not in named] == others  # everything else kept, in order
+
+
+@pytest.mark.parametrize("request_fields, metadata, expected", [
+    ({"namespace": "ns", "name": "web-1"}, {"name": "web-1"}, "ns/web-1"),
+    ({"namespace": "ns", "name": ""}, {"generateName": "web-"}, "ns/web-*"),
+    ({"namespace": 5, "name": None}, "not an object", "/"),
+    ({}, {"generateName": 7}, "/"),
+])
+def test_the_pod_name_for_logs_is_derived_safely(request_fields, metadata, expected):
+    body = make_review(make_pod("web-1"))
+    body["request"].update(request_fields)
+    for key in ("name", "namespace"):
+        if key not in request_fields:
+            body["request"].pop(key, None)
+    body["request"]["object"]["metadata"] = metadata
+    assert parse_review(body).pod_name == expected

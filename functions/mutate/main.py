@@ -12,7 +12,7 @@ import prometheus_client as prom
 from flask import Request
 
 from gpu_scheduler import jsonlog
-from gpu_scheduler.admission import ReviewError, admission_response
+from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
@@ -34,11 +34,6 @@ def _error(status, message):
     ERRORS.labels(str(status)).inc()
     log.info("rejected request: %s", message, extra={"status": status})
     return json.dumps({"error": message}), status, {"Content-Type": "application/json"}
-
-
-def _pod_name(request):
-    name = request.get("name") or (request.get("object") or {}).get("metadata", {}).get("generateName", "") + "*"
-    return f"{request.get('namespace', '')}/{name}"
 
 
 @functions_framework.http
@@ -64,16 +59,16 @@ def _handle(request: Request):
     if len(raw) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     try:
-        body = json.loads(raw)
-        review, decision = admission_response(body, DEVICE_ENV_MODE)
+        review = parse_review(json.loads(raw))
     except (ValueError, RecursionError) as error:  # JSONDecodeError and ReviewError are ValueErrors
         kind = "AdmissionReview" if isinstance(error, ReviewError) else "JSON"
         return _error(400, f"malformed {kind}: {error}")
+    decision = decide(review, DEVICE_ENV_MODE)
     elapsed = time.perf_counter() - started
     DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
     LATENCY.observe(elapsed)
     log.info("admission decision", extra={
-        "uid": review["response"]["uid"], "pod": _pod_name(body["request"]), "allowed": decision.allowed,
+        "uid": review.uid, "pod": review.pod_name, "allowed": decision.allowed,
         "decision": decision.reason, "patch_ops": len(decision.patch), "warnings": list(decision.warnings),
         "detail": decision.message, "latency_ms": round(elapsed * 1000, 3)})
-    return json.dumps(review), 200, {"Content-Type": "application/json"}
+    return json.dumps(response_for(review, decision)), 200, {"Content-Type": "application/json"}
