@@ -15,6 +15,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _maps(value: Any) -> list[Mapping[str, Any]]:
+    """The objects in a list field; anything else in it, or a field that is no list, counts as none."""
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
 def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     """Kubernetes' Toleration.ToleratesTaint."""
     effect = toleration.get("effect") or ""
@@ -30,8 +39,7 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
 
 
 def _ready(node: Mapping[str, Any]) -> tuple[bool, str]:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    for condition in conditions:
+    for condition in _maps(_map(node.get("status")).get("conditions")):
         if condition.get("type") == "Ready":
             return condition.get("status") == "True", condition.get("message") or condition.get("reason") or ""
     return False, "it reports no Ready condition"
@@ -39,7 +47,7 @@ def _ready(node: Mapping[str, Any]) -> tuple[bool, str]:
 
 def gpu_capacity(node: Mapping[str, Any]) -> int | None:
     """The node's advertised nvidia.com/gpu count, or None when it advertises none."""
-    value = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    value = _map(_map(node.get("status")).get("capacity")).get(GPU_RESOURCE)
     try:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
@@ -51,13 +59,13 @@ def node_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placeme
     name = placement.node
     if node is None:
         return f"node {name} does not exist"
-    if (node.get("spec") or {}).get("unschedulable"):
+    if _map(node.get("spec")).get("unschedulable") is True:
         return f"node {name} is cordoned (spec.unschedulable)"
     ready, detail = _ready(node)
     if not ready:
         return f"node {name} is not Ready" + (f": {detail}" if detail else "")
-    tolerations = [t for t in spec(pod).get("tolerations") or [] if isinstance(t, Mapping)]
-    for taint in (node.get("spec") or {}).get("taints") or []:
+    tolerations = _maps(spec(pod).get("tolerations"))
+    for taint in _maps(_map(node.get("spec")).get("taints")):
         if taint.get("effect") in BLOCKING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
             shown = f"{taint.get('key')}={taint.get('value')}" if taint.get("value") else taint.get("key")
             return f"node {name} has taint {{{shown}: {taint.get('effect')}}} that the pod does not tolerate"

@@ -240,3 +240,28 @@ def test_json_log_lines_carry_the_extra_fields(monkeypatch):
     assert jsonlog.level() == "DEBUG"
     monkeypatch.setenv("LOG_LEVEL", "loud")
     assert jsonlog.level() == "INFO"
+
+
+# -- totality on odd objects -----------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+odd = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                   lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                   max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(odd, odd, odd, odd)
+def test_node_problem_is_total(tolerations, taints, conditions, capacity):
+    p = pod(tolerations=tolerations)
+    n = {"spec": {"taints": taints}, "status": {"conditions": conditions, "capacity": capacity}}
+    assert node_problem(p, n, PLACEMENT) is None or isinstance(node_problem(p, n, PLACEMENT), str)
+
+
+@settings(max_examples=300, deadline=None)
+@given(odd, odd, odd)
+def test_bind_decision_is_total(annotations, labels, spec):
+    p = {"metadata": {"name": "w-0", "namespace": "ns", "uid": "u", "annotations": annotations, "labels": labels},
+         "spec": spec}
+    assert isinstance(bind_decision(p), (Bind, Ignore, Unplaceable))

@@ -45,6 +45,11 @@ def clients(unreachable_kubeconfig):
     return mutate, bind
 
 
+def no_crash(response) -> bool:
+    """A 503 from the API being unreachable is an answer; one from the catch-all is a bug."""
+    return b"internal error" not in response.data
+
+
 def rejected_clearly(response) -> bool:
     body = response.get_json(silent=True)
     return response.status_code in (400, 405, 413) and isinstance(body, dict) and bool(body.get("error"))
@@ -140,7 +145,7 @@ ce_headers = st.dictionaries(
 def test_bind_random_cloudevents(clients, headers, body):
     response = clients[1].post("/", data=body, headers=headers)
     assert response.status_code in (200, 503) or rejected_clearly(response), response.data
-    assert response.get_json(silent=True) is not None
+    assert response.get_json(silent=True) is not None and no_crash(response), response.data
 
 
 @SETTINGS
@@ -149,6 +154,7 @@ def test_bind_random_pod_data(clients, data):
     headers = dict(ADD["headers"])
     response = clients[1].post("/", data=json.dumps(data), headers=headers)
     assert response.status_code in (200, 503) or rejected_clearly(response), response.data
+    assert no_crash(response), response.data
 
 
 @SETTINGS
@@ -162,3 +168,22 @@ def test_oversized_bodies_are_refused(clients):
     big = b"x" * (3 * 1024 * 1024 + 1)
     assert clients[0].post("/", data=big).status_code == 413
     assert clients[1].post("/", data=big, headers=ADD["headers"]).status_code == 413
+
+
+pod_fields = st.fixed_dictionaries({
+    "metadata": st.fixed_dictionaries({"name": st.sampled_from(["w-0", "w-1"]), "namespace": st.just("ns"),
+                                       "uid": st.just("u")},
+                                      optional={"annotations": json_values, "labels": json_values,
+                                                "deletionTimestamp": json_values}),
+}, optional={"spec": st.one_of(json_values, st.fixed_dictionaries(
+    {"schedulerName": st.just("gpu-scheduler")},
+    optional={"nodeName": json_values, "tolerations": json_values, "containers": json_values})),
+    "kind": st.sampled_from(["Pod", "Node"])})
+
+
+@SETTINGS
+@given(pod_fields)
+def test_bind_odd_pods_in_well_formed_events(clients, data):
+    response = clients[1].post("/", data=json.dumps(data), headers=dict(ADD["headers"]))
+    assert response.status_code in (200, 503) or rejected_clearly(response), response.data
+    assert no_crash(response), response.data
