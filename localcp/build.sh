@@ -1,42 +1,90 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and kubectl 1.20.2 from Debian bookworm's
-# `kubernetes` source package, once, into a cache outside the repo. Idempotent: exits at once
-# when the binaries are already there. Installs etcd (Debian's etcd-server) too.
+# Builds the real upstream components the local stack runs, once, into a cache outside the repo
+# keyed by version; exits at once when they are there.
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet v1.34.0 (the
+#     kind node image's version) from a small generated Go module that requires
+#     k8s.io/kubernetes v1.34.0. That module's go.mod requires its staging modules (k8s.io/api,
+#     k8s.io/client-go, ...) at v0.0.0 and replaces them with its own ./staging tree; outside the
+#     kubernetes repo we replace each of them with the published v0.34.0 instead. Only versions
+#     that are exactly v0.0.0: k8s.io/utils and k8s.io/kube-openapi carry v0.0.0-<date>-<hash>
+#     pseudo-versions, which are real and have no v0.34.0.
+#   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
+#     dpkg -x through a private apt state: nothing is installed or configured system-wide.
+# Modules come through the machine's own Go proxy configuration; Debian packages through the
+# mirror its apt sources name.
 set -euo pipefail
+K8S_VERSION="${K8S_VERSION:-v1.34.0}"
+ETCD_SUITE=trixie
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
-BIN="$CACHE/bin"
-WANT=(kube-apiserver kube-controller-manager kubectl)
+BIN="$CACHE/k8s-$K8S_VERSION/bin"
+ETCD_DIR="$CACHE/etcd-$ETCD_SUITE"
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
-have_all() { for b in "${WANT[@]}"; do [ -x "$BIN/$b" ] || return 1; done; command -v etcd >/dev/null; }
-if have_all; then echo "control plane: cached binaries in $BIN"; exit 0; fi
+log() { echo "control plane: $*"; }
+have_k8s() { for b in "${COMPONENTS[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
+have_etcd() { [ -x "$ETCD_DIR/bin/etcd" ]; }
+if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
 
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
-  echo "control plane: adding deb-src lines for bookworm"
-  printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-    | $SUDO tee /etc/apt/sources.list.d/gpu-scheduler-src.sources >/dev/null
-fi
-echo "control plane: apt-get update and install (etcd-server golang-go rsync dpkg-dev reflect2)"
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends etcd-server golang-go rsync dpkg-dev \
-  golang-github-modern-go-reflect2-dev ca-certificates >/dev/null
-for b in "${WANT[@]}"; do [ -x "$BIN/$b" ] || missing=1; done
-if [ "${missing:-0}" = 0 ]; then exit 0; fi
+for tool in go python3 apt-get dpkg; do
+  command -v "$tool" >/dev/null || { log "$tool is required"; exit 1; }
+done
 
-SRC="$CACHE/src"
-rm -rf "$SRC"; mkdir -p "$SRC" "$BIN"
-echo "control plane: fetching Debian's kubernetes 1.20.2 source package"
-(cd "$SRC" && apt-get source -qq --download-only kubernetes >/dev/null && dpkg-source -x kubernetes_*.dsc tree >/dev/null)
-TREE="$SRC/tree"
-# vendored reflect2 1.0.1 + Go 1.19 segfaults the API server on the first webhook patch.
-rm -rf "$TREE/vendor/github.com/modern-go/reflect2"
-cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$TREE/vendor/github.com/modern-go/reflect2"
-mkdir -p "$SRC/gopath/src/k8s.io"; ln -sfn "$TREE" "$SRC/gopath/src/k8s.io/kubernetes"
-echo "control plane: building (about 6-10 minutes on 2 cores, once)"
-start=$(date +%s)
-(cd "$SRC/gopath/src/k8s.io/kubernetes" && GOPATH="$SRC/gopath" GO111MODULE=off GOFLAGS=-mod=vendor GOCACHE="$CACHE/gocache" \
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl" 2>&1 | while IFS= read -r l; do echo "  [build $(( $(date +%s) - start ))s] $l"; done)
-for b in "${WANT[@]}"; do cp "$TREE/_output/local/bin/linux/"*/"$b" "$BIN/$b" 2>/dev/null || cp "$TREE/_output/bin/$b" "$BIN/$b"; done
-rm -rf "$SRC" "$CACHE/gocache"
-echo "control plane: built in $(( $(date +%s) - start ))s into $BIN"
+# The first Debian mirror that the machine's apt sources name for its main archive.
+debian_mirror() {
+  local uri
+  uri=$(awk 'tolower($1)=="uris:" {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [ -n "$uri" ] || uri=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
+  [ -n "$uri" ] || { log "no Debian mirror found in /etc/apt/sources.list{,.d}"; exit 1; }
+  echo "$uri"
+}
+
+build_etcd() {
+  local apt="$ETCD_DIR/apt" mirror start=$SECONDS
+  mirror=$(debian_mirror)
+  rm -rf "$ETCD_DIR"; mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$ETCD_DIR/bin"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $ETCD_SUITE main" >"$apt/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/none"
+              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Get::List-Cleanup=0"
+              -o "APT::Sandbox::User=$(id -un)")  # the private state belongs to us, not to _apt
+  log "etcd: apt-get update for $ETCD_SUITE (private state in $apt)"
+  apt-get "${opts[@]}" update -qq
+  (cd "$apt" && apt-get "${opts[@]}" download -qq etcd-server)
+  dpkg -x "$apt"/etcd-server_*.deb "$apt/root"
+  cp "$apt/root/usr/bin/etcd" "$ETCD_DIR/bin/etcd"
+  rm -rf "$apt"
+  log "etcd: $("$ETCD_DIR/bin/etcd" --version | head -1) in $((SECONDS - start))s"
+}
+
+build_k8s() {
+  local mod="$CACHE/k8s-$K8S_VERSION/module" start=$SECONDS minor
+  rm -rf "$mod"; mkdir -p "$mod" "$BIN"
+  export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+  cd "$mod"
+  log "kubernetes $K8S_VERSION: generating the build module"
+  go mod init gpu-scheduler.local/k8s-build >/dev/null 2>&1
+  local upstream
+  upstream=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  # Every requirement pinned at exactly v0.0.0 is a staging module: use its published release.
+  local staging=${K8S_VERSION/v1./v0.}
+  go mod edit -json "$upstream" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin).get("Require") or []:
+    if r["Version"] == "v0.0.0":
+        print(r["Path"])' | while read -r path; do go mod edit -replace="$path=$path@$staging"; done
+  # Tell the binaries their version, as the release build does (kubectl version, discovery).
+  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local v=k8s.io/component-base/version
+  local ldflags="-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  local pkgs=()
+  for b in "${COMPONENTS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  log "kubernetes $K8S_VERSION: go build ${COMPONENTS[*]} (about 5 minutes on 2 cores, once)"
+  go build -trimpath -ldflags "$ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | sed 's/^/  [go build] /'
+  have_k8s || { log "the build finished without every binary in $BIN"; exit 1; }
+  log "kubernetes $K8S_VERSION: built in $((SECONDS - start))s into $BIN"
+}
+
+have_etcd || build_etcd
+have_k8s || build_k8s
+"$BIN/kube-apiserver" --version
