@@ -66,7 +66,7 @@ def pending_pods(stack: LocalStack, n: int, map_text: str) -> list[dict]:
 # -- 1. bind throughput ------------------------------------------------------------------------
 def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
     bind_api = client.CoreV1Api(config.new_client_from_config(str(stack.bind_kubeconfig)))
-    sender = Sender(stack.bind_url, retries=0)
+    sender = Sender(stack.bind_url, delays=())
     map_text = map_for(n)
     figures = {}
     for concurrency in (1, 8):

@@ -1,8 +1,10 @@
-"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-controller-manager.
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler, at the users' version (KUBERNETES_VERSION, the kind node
+image's), built by localcp/build.sh.
 
 No kubelet runs: Node objects are created by us and their Ready condition is kept fresh by a
 heartbeat thread, so the node-lifecycle controller treats them as healthy. Pods get bound but
-never run.
+never run. kube-scheduler runs as in any cluster: it places pods of the default scheduler only.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +26,9 @@ from pathlib import Path
 from . import pki
 
 CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE", Path.home() / ".cache" / "gpu-scheduler"))
-BIN = CACHE / "bin"
+KUBERNETES_VERSION = "v1.34.0"  # kind/cluster.yaml's node image; localcp/build.sh builds this one
+BIN = CACHE / f"k8s-{KUBERNETES_VERSION}" / "bin"
+ETCD = CACHE / "etcd-trixie" / "bin" / "etcd"
 REPO = Path(__file__).resolve().parent.parent
 NODES = ("node1", "node2", "node3", "node4")
 GPUS_PER_NODE = "4"
@@ -79,6 +84,7 @@ class ControlPlane:
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
+            self._start_scheduler()
             self._create_nodes()
         except BaseException:
             self.stop()
@@ -162,7 +168,7 @@ class ControlPlane:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
         self._spawn("etcd", [
-            shutil.which("etcd") or "/usr/bin/etcd", "--data-dir", str(self.workdir / "etcd"),
+            str(ETCD), "--data-dir", str(self.workdir / "etcd"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
             f"http://127.0.0.1:{peer}", "--initial-cluster", f"default=http://127.0.0.1:{peer}",
@@ -202,15 +208,14 @@ class ControlPlane:
         self._spawn("kube-apiserver", [
             str(BIN / "kube-apiserver"), "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(self.api_port), "--insecure-port", "0",
+            "--secure-port", str(self.api_port),
             "--tls-cert-file", str(self.serving[1]), "--tls-private-key-file", str(self.serving[0]),
             "--client-ca-file", str(self.ca[1]),
             "--service-account-key-file", str(self.sa_key), "--service-account-signing-key-file", str(self.sa_key),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--api-audiences", "https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range", "10.96.0.0/16", "--authorization-mode", "Node,RBAC",
-            "--endpoint-reconciler-type", "none", "--profiling=false",
-            "--logtostderr=true", "--v=1",
+            "--endpoint-reconciler-type", "none", "--profiling=false", "--v=1",
         ])
         self._wait("kube-apiserver", lambda: self.get("/readyz") == b"ok", "/readyz", timeout=90)
 
@@ -218,25 +223,55 @@ class ControlPlane:
         self._spawn("kube-controller-manager", [
             str(BIN / "kube-controller-manager"), "--kubeconfig", str(self.kubeconfig),
             "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--port", "0",
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
             "--service-account-private-key-file", str(self.sa_key), "--root-ca-file", str(self.ca[1]),
             "--use-service-account-credentials=true", "--leader-elect=false",
             "--cluster-signing-cert-file", str(self.ca[1]), "--cluster-signing-key-file", str(self.ca[0]),
             "--controllers", "*,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
             "--concurrent-statefulset-syncs", "10",
-            "--kube-api-qps", "200", "--kube-api-burst", "400",
-            "--logtostderr=true", "--v=1",
+            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v=1",
         ])
-        # The tokens controller gives the kube-system default account its token once it runs.
+        # The serviceaccount controller creates each namespace's default account once it runs.
         self._wait("kube-controller-manager", lambda: self.service_account_ready("kube-system"),
-                   "ServiceAccount tokens", timeout=60)
+                   "ServiceAccounts", timeout=60)
 
-    def service_account_ready(self, namespace: str) -> bool:
-        account = json.loads(self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"))
-        return bool(account.get("secrets"))
+    def _start_scheduler(self) -> None:
+        """kube-scheduler, as every cluster runs it: the peer bind is measured against, and
+        the placer of the default scheduler's pods (fillers, system pods)."""
+        port = free_port()
+        self._spawn("kube-scheduler", [
+            str(BIN / "kube-scheduler"), "--kubeconfig", str(self.kubeconfig),
+            "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
+            "--bind-address", "127.0.0.1", "--secure-port", str(port), "--leader-elect=false",
+            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v=1",
+        ])
+        self._wait("kube-scheduler", lambda: self._healthz(port), "/healthz", timeout=60)
+
+    def _healthz(self, port: int) -> bool:
+        context = ssl._create_unverified_context()  # its own self-signed serving certificate
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=2) as r:
+            return r.read() == b"ok"
+
+    def service_account_ready(self, namespace: str, name: str = "default") -> bool:
+        """Pods are admitted only once their ServiceAccount exists (ServiceAccount admission)."""
+        try:
+            self.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return False
+            raise
+        return True
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 24 * 3600) -> str:
+        """A bound token for the account, from the TokenRequest API, as the kubelet projects
+        one into a pod (token Secrets are no longer created since Kubernetes 1.24)."""
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": {"expirationSeconds": seconds}}
+        answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
+        return json.loads(answer)["status"]["token"]
 
     def wait_namespace_ready(self, namespace: str, timeout: float = 30) -> None:
-        """A namespace accepts pods only once its default ServiceAccount has its token."""
+        """A namespace accepts pods only once its default ServiceAccount exists."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -245,7 +280,7 @@ class ControlPlane:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"namespace {namespace}: default ServiceAccount has no token after {timeout}s")
+        raise TimeoutError(f"namespace {namespace}: no default ServiceAccount after {timeout}s")
 
     # -- nodes -----------------------------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -14,16 +14,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
 from kubernetes import client, config
-
-from gpu_scheduler import MANAGED_LABEL, MANAGED_VALUE
 
 from . import pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
 from .eventsource import ApiServerSource, Sender, ping_headers
 
 PYTHON = sys.executable
-WEBHOOK_NAME = "mutate.gpu-scheduler.local"
+WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
 
 
@@ -102,22 +101,14 @@ class LocalStack:
         return env
 
     def webhook_configuration(self) -> dict:
-        return {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "gpu-scheduler"},
-            "webhooks": [{
-                "name": WEBHOOK_NAME,
-                "clientConfig": {"url": f"{self.mutate_url}/",
-                                 "caBundle": base64.b64encode(self.webhook_ca[1].read_bytes()).decode()},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                           "resources": ["pods"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name",
-                                                            "operator": "NotIn",
-                                                            "values": ["kube-system", "gpu-scheduler"]}]},
-                "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 5,
-                "admissionReviewVersions": ["v1"], "reinvocationPolicy": "IfNeeded",
-            }],
-        }
+        """knative/webhook.yaml as shipped (rules, matchConditions, namespace selector, failure
+        policy, timeout), with only clientConfig pointed at the local mutate and its CA."""
+        manifest = yaml.safe_load(WEBHOOK_MANIFEST.read_text())
+        manifest["metadata"].pop("annotations", None)  # cert-manager's CA injection: not here
+        ca_bundle = base64.b64encode(self.webhook_ca[1].read_bytes()).decode()
+        for webhook in manifest["webhooks"]:
+            webhook["clientConfig"] = {"url": f"{self.mutate_url}/", "caBundle": ca_bundle}
+        return manifest
 
     def register_webhook(self) -> None:
         self.apply(self.webhook_configuration())
@@ -133,16 +124,12 @@ class LocalStack:
         namespace, name = BIND_ACCOUNT
         for manifest in ("namespace.yaml", "rbac.yaml"):
             self.cp.kubectl("apply", "-f", str(REPO / "knative" / manifest))
-        self.cp.wait_namespace_ready(namespace)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            secrets = self.api.read_namespaced_service_account(name, namespace).secrets or []
-            if secrets:
-                break
+        while not self.cp.service_account_ready(namespace, name):
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"ServiceAccount {namespace}/{name} missing after applying knative/rbac.yaml")
             time.sleep(0.2)
-        else:
-            raise ProcessFailed("the bind ServiceAccount got no token")
-        token = base64.b64decode(self.api.read_namespaced_secret(secrets[0].name, namespace).data["token"]).decode()
+        token = self.cp.service_account_token(namespace, name)
         path = self.cp.workdir / "bind.kubeconfig"
         path.write_text(self.cp.kubeconfig_text(user={"token": token}))
         return path
@@ -157,13 +144,15 @@ class LocalStack:
 
     def ping(self) -> dict:
         """What a PingSource tick does: ask bind to resync. Returns bind's answer."""
-        sender = Sender(self.bind_url, retries=0)
+        sender = Sender(self.bind_url, delays=())
         response = sender.http.request("POST", self.bind_url, body=b"{}", headers=ping_headers())
         return {"status": response.status, **json.loads(response.data or b"{}")}
 
-    def start_event_source(self, **options) -> ApiServerSource:
-        self.source = ApiServerSource(self.api, self.bind_url, self.cp.server,
-                                      f"{MANAGED_LABEL}={MANAGED_VALUE}", **options).start()
+    def start_event_source(self, **faults) -> ApiServerSource:
+        """The ApiServerSource of knative/sources.yaml, run as its adapter would run it."""
+        namespaces = [n.metadata.name for n in self.api.list_namespace().items]
+        self.source = ApiServerSource.from_manifest(self.api, self.bind_url, self.cp.server, namespaces,
+                                                    **faults).start()
         return self.source
 
     # -- waiting ---------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_duplicated_events_bind_once(stack, namespace):
     finally:
         stack.source.paused = False
     pod = stack.pods(namespace)[0]
-    sender = Sender(stack.bind_url, retries=0)
+    sender = Sender(stack.bind_url, delays=())
     answers = []
     for _ in range(3):
         response = sender.http.request("POST", stack.bind_url, body=json.dumps(pod).encode(),
@@ -124,7 +124,7 @@ def test_a_stale_event_for_a_re_created_pod(stack, namespace):
         stack.source.paused = False
     new = stack.pods(namespace)[0]
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    response = Sender(stack.bind_url, retries=0).http.request(
+    response = Sender(stack.bind_url, delays=()).http.request(
         "POST", stack.bind_url, body=json.dumps(old).encode(), headers=cloudevent_headers("add", old, stack.cp.server))
     result = json.loads(response.data)["result"]
     assert response.status == 200

@@ -33,7 +33,7 @@ def names_of(pods) -> list[str]:
 
 
 def post_event(url: str, pod: dict, source: str):
-    response = Sender(url, retries=0).http.request("POST", url, body=json.dumps(pod).encode(),
+    response = Sender(url, delays=()).http.request("POST", url, body=json.dumps(pod).encode(),
                                                    headers=cloudevent_headers("add", pod, source))
     return response.status, json.loads(response.data)
 
