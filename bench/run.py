@@ -95,6 +95,74 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
     return figures
 
 
+# -- 1b. bind vs kube-scheduler, create to bound ------------------------------------------------
+class BoundWatch:
+    """Records when each pod of a namespace is first seen bound, from a watch (no polling load)."""
+
+    def __init__(self, stack: LocalStack, namespace: str):
+        self.bound: dict[str, float] = {}
+        self._response = stack.api.list_namespaced_pod(namespace, watch=True, _preload_content=False,
+                                                       timeout_seconds=600)
+        self._thread = __import__("threading").Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+        try:
+            for line in iter_resp_lines(self._response):
+                pod = json.loads(line)["object"]
+                if pod.get("spec", {}).get("nodeName"):
+                    self.bound.setdefault(pod["metadata"]["name"], time.perf_counter())
+        except Exception:  # closed by stop()
+            pass
+
+    def stop(self) -> None:
+        self._response.shutdown()  # unblocks the reading thread (close() would wait for it)
+        self._thread.join(timeout=5)
+
+
+def create_to_bound(stack: LocalStack, n: int, placed_by: str) -> dict:
+    """n pods created one after another by one creator, all carrying the seed-style map (so the
+    webhook runs for every one), placed either by bind (schedulerName gpu-scheduler, through the
+    event source) or by kube-scheduler (default scheduler, pinned by nodeSelector to the node the
+    map names). Pods per second from the first create to the last binding."""
+    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    map_text = map_for(n)
+    watch = BoundWatch(stack, namespace)
+    started = time.perf_counter()
+    for i in range(n):
+        body = pod(namespace, i, map_text)
+        if placed_by == "kube-scheduler":
+            body["spec"]["schedulerName"] = "default-scheduler"
+            body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": f"node{i % 4 + 1}"}
+        stack.api.create_namespaced_pod(namespace, body, _preload_content=False)
+    created = time.perf_counter() - started
+    deadline = time.perf_counter() + 300
+    while len(watch.bound) < n and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    watch.stop()
+    if len(watch.bound) < n:
+        raise RuntimeError(f"{placed_by}: only {len(watch.bound)} of {n} pods bound")
+    done = max(watch.bound.values()) - started
+    # Bound pods on nodes without kubelets would stay Terminating: remove them at once, so that
+    # kube-scheduler's pod count per node starts from the same place for every run.
+    stack.api.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    return {"create_per_s": n / created, "bound_per_s": n / done}
+
+
+def placement_peers(stack: LocalStack, n: int, reps: int) -> dict:
+    runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
+    for _ in range(reps):  # interleaved, so drift in the machine hits both alike
+        runs["bind"].append(create_to_bound(stack, n, "bind"))
+        runs["kube-scheduler"].append(create_to_bound(stack, n, "kube-scheduler"))
+    figures = {peer: {"bound_per_s": statistics.median(r["bound_per_s"] for r in rs),
+                      "create_per_s": statistics.median(r["create_per_s"] for r in rs), "runs": rs}
+               for peer, rs in runs.items()}
+    figures["ratio"] = figures["bind"]["bound_per_s"] / figures["kube-scheduler"]["bound_per_s"]
+    figures["pods"] = n
+    return figures
+
+
 # -- 2. admission overhead --------------------------------------------------------------------
 def create_latencies(stack: LocalStack, n: int, map_text: str) -> list[float]:
     namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
@@ -229,6 +297,12 @@ def table(results: dict) -> str:
         goal_ok = h["p99_ms"] < 2 if key == "5" else True  # the 1000-entry figures are reported
         row(f"mutate handler alone, {labels[key]}, p50/p99 ms", f"{h['p50_ms']:.3f}/{h['p99_ms']:.3f}",
             "p99 < 2 ms" if key == "5" else "(report)", goal_ok)
+    p = results["placement_peers"]
+    row(f"create-to-bound, bind / kube-scheduler 1.34 ({p['pods']} pods, one creator)",
+        f"{p['ratio']:.2f} ({p['bind']['bound_per_s']:.0f}/{p['kube-scheduler']['bound_per_s']:.0f}/s)", ">= 1.0",
+        p["ratio"] >= 1.0)
+    rows.append(f"{'  pod creation rate, bind run / kube-scheduler run':<58} "
+                f"{p['bind']['create_per_s']:.0f}/s / {p['kube-scheduler']['create_per_s']:.0f}/s")
     s = results["statefulset"]
     row(f"StatefulSet {s['replicas']} replicas: all bound / all created",
         f"{s['ratio']:.2f} ({s['bound_s']:.1f}/{s['created_s']:.1f}s)" if s["ratio"] else "n/a", "<= 1.2",
@@ -263,9 +337,10 @@ def main() -> int:
         cold_kubeconfig = str(stack.bind_kubeconfig)
         print("bench: cold start", flush=True)
         results["cold_start_s"] = {t: cold_start(t, cold_kubeconfig, max(3, reps)) for t in ("mutate", "bind")}
-    print("bench: StatefulSet end to end", flush=True)
+    print("bench: StatefulSet end to end; bind vs kube-scheduler, create to bound", flush=True)
     with LocalStack() as stack:
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
+        results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
     out = RESULTS / ("results-smoke.json" if args.smoke else "results.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nmachine: {results['machine']}")
