@@ -12,9 +12,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from conftest import REPO, sample
+from kubeapi.client import CALLS
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
-from kube import CALLS  # noqa: E402
 from placer import Placer  # noqa: E402
 
 POD = sample("apiserversource-add-gpu-scheduler-check-0.json")["body"]  # index 0 -> node1:0,1
@@ -29,7 +29,7 @@ def api_error(status: int, message: str = "") -> ApiException:
 
 
 class FakeApi:
-    """Stands in for functions/bind/kube.Kube. Answers from a script: {method: [answer, ...]};
+    """Stands in for kubeapi.client.Kube. Answers from a script: {method: [answer, ...]};
     an exception answer is raised; the last answer repeats."""
 
     def __init__(self, **script):
