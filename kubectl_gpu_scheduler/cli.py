@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
 from gpu_scheduler.devices import CUDA, NVIDIA, device_env
-from gpu_scheduler.placement import NotPlaceable, resolve
+from gpu_scheduler import ANNOTATION
+from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 
 from . import files, output
 
@@ -133,6 +134,8 @@ def run_explain(args) -> dict[str, Any]:
                               "node": (pod.get("spec") or {}).get("nodeName") or None}
     node_name, env = None, core.device_env_of(pod)
     try:
+        if map_text(pod) is None:
+            raise NotPlaceable("NoAnnotation", f"the pod has no {ANNOTATION} annotation")
         resolved = resolve(pod)
         placement = resolved.placement
         node_name = placement.node
