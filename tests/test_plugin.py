@@ -253,3 +253,9 @@ def test_kubectl_finds_the_plugin_on_path():
         ("node1", "0,1"), ("node2", "2"), ("node3", "0,1,2"), ("node4", "3"), ("node4", "3")]
     listed = subprocess.run([str(BIN / "kubectl"), "plugin", "list"], env=env, capture_output=True, text=True)
     assert str(SCRIPT) in listed.stdout
+
+
+def test_the_readme_shows_what_the_command_prints(monkeypatch):
+    monkeypatch.chdir(REPO)
+    _, out, _ = run("plan", "-f", "check/statefulset.yaml")
+    assert f"$ kubectl gpu-scheduler plan -f check/statefulset.yaml\n{out}```" in (REPO / "README.md").read_text()
