@@ -43,15 +43,17 @@ def check_logs(pod: dict, seconds: float = 1.2) -> str:
 def main() -> int:
     step("Building the local control plane if it is not cached (first time: about 6-10 minutes)")
     ensure_built()
-    step("Starting etcd, kube-apiserver, kube-controller-manager, nodes node1..node4, mutate (TLS) and bind")
+    step("Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, nodes node1..node4,\n"
+         "    mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
     started = time.monotonic()
     with LocalStack() as stack:
         print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
+        print("    " + "; ".join(stack.cp.versions()))
         step(f"Applying {SEED.relative_to(REPO)} (5 replicas, the seed map)")
         print(stack.apply(SEED.read_text()), end="")
         pods = stack.wait_bound("default", 5, "app=gpu-scheduler-check", timeout=60)
-        step("kubectl get pod -o wide -A")
-        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-A").stdout, end="")
+        step("kubectl get pod -o wide -A -L apps.kubernetes.io/pod-index   (the label the StatefulSet controller sets)")
+        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-A", "-L", "apps.kubernetes.io/pod-index").stdout, end="")
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             if pod["spec"]["nodeName"] in SHOWN_NODES:
                 step(f"kubectl logs {pod['metadata']['name']}   (on {pod['spec']['nodeName']})")
