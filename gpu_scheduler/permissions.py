@@ -20,3 +20,11 @@ EVENT_SOURCE = frozenset({
     ("", "pods", "list"),
     ("", "pods", "watch"),
 })
+# The kubectl plugin (kubectl gpu-scheduler plan --cluster / explain) only reads: what a user
+# running it needs, on top of nothing else.
+PLUGIN = frozenset({
+    ("", "pods", "get"),            # explain: the pod
+    ("", "pods", "list"),           # the pods on a node, for the fit and GPU checks bind makes
+    ("", "nodes", "get"),           # the node checks bind makes
+    ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
+})

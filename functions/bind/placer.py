@@ -22,7 +22,7 @@ from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
 from gpu_scheduler.nodecheck import node_problem
-from kube import Kube, load_configuration
+from kubeapi.client import Kube, load_configuration
 from recorder import Recorder
 
 log = logging.getLogger("bind")

@@ -1,9 +1,9 @@
-"""The Kubernetes API calls bind makes, and nothing else, over the kubernetes package's
-configuration (in-cluster or KUBECONFIG), TLS and token handling.
+"""The Kubernetes API calls gpu-scheduler's shells make, and nothing else, over the kubernetes
+package's configuration (in-cluster or KUBECONFIG), TLS and token handling.
 
 Why not the generated CoreV1Api: importing it takes 0.7 s (bind's cold start went from 0.4 s
 to 1.1 s), it validates every call's arguments with pydantic, and it cannot deserialize a
-Binding response anyway (kubernetes-client/python#825). Eight REST calls are simpler by hand.
+Binding response anyway (kubernetes-client/python#825). A handful of REST calls are simpler by hand.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 qui
 # environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
 AUTH_REFRESH_SECONDS = 10.0
 
-# Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND.
+# Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
+# bind's fake API (tests/test_placer.py) offers bind only the methods BIND grants.
 CALLS = {
     "bind": ("", "pods/binding", "create"),
     "read_pod": ("", "pods", "get"),
@@ -37,6 +38,7 @@ CALLS = {
     "create_event": ("", "events", "create"),
     "read_event": ("", "events", "get"),
     "patch_event": ("", "events", "patch"),
+    "list_events": ("", "events", "list"),
 }
 
 
@@ -49,6 +51,35 @@ def load_configuration() -> Configuration:
         # KUBECONFIG as it is now (the package reads it once, when first imported).
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return configuration
+
+
+IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def load_kubectl_configuration(kubeconfig: str | None = None, context: str | None = None) -> tuple[Configuration, str]:
+    """The configuration and default namespace kubectl would use: `--kubeconfig`, else KUBECONFIG
+    (a list of paths, merged), else ~/.kube/config; `--context`, else the current context, whose
+    namespace is the default ("default" when it names none). In a pod with no kubeconfig at all,
+    the pod's ServiceAccount and namespace. Raises config.ConfigException with kubectl's meaning."""
+    configuration = Configuration()
+    files = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if not kubeconfig and not any(os.path.exists(f) for f in files.split(os.pathsep) if f):
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not context:
+            config.load_incluster_config(client_configuration=configuration)
+            with open(IN_CLUSTER_NAMESPACE) as f:
+                return configuration, f.read().strip() or "default"
+        raise config.ConfigException(f"no kubeconfig found at {files} (set --kubeconfig or KUBECONFIG)")
+    if kubeconfig and not os.path.exists(kubeconfig):
+        raise config.ConfigException(f"kubeconfig {kubeconfig} does not exist")
+    contexts, current = config.list_kube_config_contexts(config_file=files)
+    chosen = context or (current or {}).get("name")
+    named = {c.get("name"): c for c in contexts or []}
+    if chosen not in named:
+        raise config.ConfigException(f"context {chosen!r} does not exist in {files}" if chosen
+                                     else f"{files} sets no current-context (use --context)")
+    config.load_kube_config(config_file=files, context=chosen, client_configuration=configuration,
+                            persist_config=False)
+    return configuration, (named[chosen].get("context") or {}).get("namespace") or "default"
 
 
 class Kube:
@@ -111,3 +142,7 @@ class Kube:
 
     def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
         return self._call("PATCH", f"/api/v1/namespaces/{quote(namespace)}/events/{quote(name)}", patch, MERGE_PATCH)
+
+    def list_events(self, namespace: str, field_selector: str) -> list[dict]:
+        return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/events",
+                          query={"fieldSelector": field_selector})["items"]

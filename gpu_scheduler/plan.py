@@ -1,0 +1,410 @@
+"""What `kubectl gpu-scheduler plan` and `explain` show, without I/O.
+
+A workload (StatefulSet, Job, Pod) becomes the pods its controller will create, each as it will be
+created (name, index label or annotation), and each pod goes through the same functions admission
+and bind use: `placement.resolve`, `devices.device_env`, `devices.device_warnings`,
+`binding.bind_decision`, `nodecheck.node_problem`. The plugin (kubectl_gpu_scheduler/) only reads
+files and the API and formats what these functions return.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from . import ANNOTATION, SCHEDULER_NAME
+from .binding import Bind, Ignore, Unplaceable, bind_decision
+from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
+from .nodecheck import node_problem
+from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
+from .podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL
+from .schedmap import MapError, Placement, parse_map
+
+# A plan shows one row per replica; a manifest asking for more is refused rather than listed
+# for minutes (StatefulSet replicas and Job completions are int32 in the API).
+MAX_REPLICAS = 10_000
+STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# kube-scheduler's NodeAffinity reason, so users recognise it.
+AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
+# Row problems beyond placement's (MalformedMap, UnknownIndex, NoMapEntry).
+NODE_AFFINITY = "NodeAffinity"
+NOT_OUR_SCHEDULER = "NotOurScheduler"
+UNSCHEDULABLE = "Unschedulable"
+# Kinds whose pods are created from a template with generateName: they have no index.
+UNINDEXED_KINDS = {"Deployment": ("spec", "template"), "ReplicaSet": ("spec", "template"),
+                   "DaemonSet": ("spec", "template"), "ReplicationController": ("spec", "template"),
+                   "CronJob": ("spec", "jobTemplate", "spec", "template")}
+
+
+class ManifestError(ValueError):
+    """A manifest the plan cannot use; the message names the field (or the map's line)."""
+
+
+# -- workloads -> the pods they create -------------------------------------------------------
+def _object(value: Any, where: str, required: bool = True) -> Mapping[str, Any]:
+    if value is None and not required:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where}: expected an object, found {type(value).__name__ if value is not None else 'nothing'}")
+    return value
+
+
+def _count(value: Any, where: str, default: int | None) -> int:
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(f"{where}: expected a non-negative integer, found {value!r}")
+    if value > MAX_REPLICAS:
+        raise ManifestError(f"{where} is {value}; a plan lists at most {MAX_REPLICAS} pods")
+    return value
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A pod-creating object: its pod template and the indexes its pods will have (None: a pod
+    whose index is its own business, or pods created with generateName, which have none)."""
+
+    kind: str
+    namespace: str
+    name: str
+    template: Mapping[str, Any] = field(repr=False)
+    indexes: tuple[int | None, ...]
+    replicas: str = ""  # how the indexes come about, for people ("replicas 5, ordinals.start 2")
+
+    @property
+    def indexed(self) -> bool:
+        return self.kind in ("StatefulSet", "Job") and None not in self.indexes
+
+
+def objects_in(document: Any) -> list[Mapping[str, Any]]:
+    """The objects of one YAML/JSON document: itself, or the items of a `kind: List`."""
+    if document is None:
+        return []
+    if not isinstance(document, Mapping):
+        raise ManifestError(f"expected a Kubernetes object, found {type(document).__name__}")
+    if document.get("kind") == "List":
+        items = document.get("items")
+        if not isinstance(items, list):
+            raise ManifestError("items: a List needs a list of items")
+        for position, item in enumerate(items):
+            _object(item, f"items[{position}]")
+        return list(items)
+    return [document]
+
+
+def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | None:
+    """The workload an object describes, or None for objects that create no pods of ours
+    (a Service, a ConfigMap, a Deployment without the annotation). `namespace` applies to an
+    object that names none, as `kubectl apply -n` does."""
+    kind = obj.get("kind")
+    meta = _object(obj.get("metadata"), "metadata")
+    name = meta.get("name")
+    if kind not in ("Pod", "StatefulSet", "Job", *UNINDEXED_KINDS):
+        return None
+    if not isinstance(name, str) or not name:
+        if kind != "Pod" or not meta.get("generateName"):
+            raise ManifestError(f"metadata.name: a {kind} needs a name")
+        name = f"{meta['generateName']}*"
+    ns = meta.get("namespace") or namespace
+    if not isinstance(ns, str):
+        raise ManifestError(f"metadata.namespace: expected a string, found {ns!r}")
+    obj_spec = _object(obj.get("spec"), "spec")
+    if kind == "Pod":
+        pod = {**obj, "metadata": {**meta, "namespace": ns}}
+        return Workload(kind, ns, name, pod, (None,), "the pod itself")
+    if kind in UNINDEXED_KINDS:
+        path = UNINDEXED_KINDS[kind]
+        template: Any = obj
+        for key in path:
+            template = template.get(key) if isinstance(template, Mapping) else None
+        template = _object(template, ".".join(path))
+        if map_text(template) is None:
+            return None
+        return Workload(kind, ns, name, template, (None,), f"a {kind}'s pods are named with generateName")
+    template = _object(obj_spec.get("template"), "spec.template")
+    _object(template.get("metadata"), "spec.template.metadata", required=False)
+    _object(template.get("spec"), "spec.template.spec")
+    if kind == "StatefulSet":
+        replicas = _count(obj_spec.get("replicas"), "spec.replicas", 1)
+        ordinals = _object(obj_spec.get("ordinals"), "spec.ordinals", required=False)
+        start = _count(ordinals.get("start"), "spec.ordinals.start", 0)
+        shown = f"replicas {replicas}" + (f", ordinals.start {start}" if start else "")
+        return Workload(kind, ns, name, template, tuple(range(start, start + replicas)), shown)
+    mode = obj_spec.get("completionMode") or "NonIndexed"
+    if mode == "Indexed":
+        completions = _count(obj_spec.get("completions"), "spec.completions", None)
+        return Workload(kind, ns, name, template, tuple(range(completions)), f"Indexed, completions {completions}")
+    if mode != "NonIndexed":
+        raise ManifestError(f"spec.completionMode: expected Indexed or NonIndexed, found {mode!r}")
+    return Workload(kind, ns, name, template, (None,), "a NonIndexed Job's pods are named with generateName")
+
+
+def pod_for(work: Workload, index: int | None) -> dict[str, Any]:
+    """The pod `work`'s controller creates for `index`, with the name, labels and annotations
+    that decide its index (what admission and bind will see)."""
+    if work.kind == "Pod":
+        return copy.deepcopy(dict(work.template))
+    meta = dict(metadata(work.template))
+    labels = dict(meta.get("labels") or {})
+    annotations = dict(meta.get("annotations") or {})
+    meta.pop("name", None)
+    meta["namespace"] = work.namespace
+    if work.kind == "StatefulSet" and index is not None:
+        meta["name"] = f"{work.name}-{index}"
+        labels.update({STATEFULSET_INDEX_LABEL: str(index), STATEFULSET_POD_NAME_LABEL: meta["name"]})
+    elif work.kind == "Job":
+        labels[JOB_NAME_LABEL] = work.name
+        if index is None:
+            meta["generateName"] = f"{work.name}-"
+        else:
+            meta["generateName"] = f"{work.name}-{index}-"
+            labels[JOB_INDEX_KEY] = annotations[JOB_INDEX_KEY] = str(index)
+    else:
+        meta["generateName"] = f"{work.name}-"
+    meta["labels"], meta["annotations"] = labels, annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(dict(spec(work.template)))}
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    """The pod's name, or `<generateName>*` for one the API server will name."""
+    meta = metadata(pod)
+    return meta.get("name") or f"{meta.get('generateName') or ''}*"
+
+
+# -- node selectors, as far as they can be known ------------------------------------------------
+def _requirement(requirement: Mapping[str, Any], value: str | None, known: bool) -> bool | None:
+    """A NodeSelectorRequirement against one label (or field) value; None: cannot be known."""
+    if not known:
+        return None
+    operator, values = requirement.get("operator"), requirement.get("values") or []
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            have, bound = int(value), int(values[0])
+        except (TypeError, ValueError):
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+def _all(results: Iterable[bool | None]) -> bool | None:
+    results = list(results)
+    return False if False in results else (None if None in results else True)
+
+
+def _term(term: Any, node: str, labels: Mapping[str, str] | None) -> bool | None:
+    if not isinstance(term, Mapping):
+        return False
+    expressions = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
+    fields = [f for f in term.get("matchFields") or [] if isinstance(f, Mapping)]
+    if not expressions and not fields:
+        return False  # an empty term matches no node
+    return _all([_label(e.get("key"), node, labels, e) for e in expressions]
+                + [_requirement(f, node, f.get("key") == "metadata.name") for f in fields])
+
+
+def _label(key: Any, node: str, labels: Mapping[str, str] | None, requirement: Mapping[str, Any]) -> bool | None:
+    if labels is not None:
+        return _requirement(requirement, labels.get(key), True)
+    return _requirement(requirement, node, key == HOSTNAME_LABEL)
+
+
+def affinity_contradiction(pod: Mapping[str, Any], node: str, labels: Mapping[str, str] | None = None) -> str | None:
+    """Why the pod's nodeSelector or required node affinity excludes `node` (None: it does not,
+    or cannot be known). With `labels` None (no node object at hand) only what the name tells is
+    known: `metadata.name` fields and the `kubernetes.io/hostname` label, taken to be the name.
+
+    Placeholder for the NodeAffinity check of the fit work (issue 9), which sees the whole node."""
+    pod_spec = spec(pod)
+    selector = pod_spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and selector:
+        met = _all(_label(k, node, labels, {"operator": "In", "values": [v]}) for k, v in selector.items())
+        if met is False:
+            shown = ", ".join(f"{k}={v}" for k, v in selector.items())
+            return f"{AFFINITY_REASON}: nodeSelector {{{shown}}} excludes node {node}"
+    affinity = pod_spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node_affinity, Mapping) else None
+    if isinstance(required, Mapping):
+        terms = required.get("nodeSelectorTerms")
+        terms = terms if isinstance(terms, list) else []
+        results = [_term(t, node, labels) for t in terms]
+        if True not in results and None not in results:
+            return f"{AFFINITY_REASON}: no term of requiredDuringSchedulingIgnoredDuringExecution matches node {node}"
+    return None
+
+
+# -- what bind decides now ----------------------------------------------------------------------
+def bind_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
+                 pods_on_node: Iterable[Mapping[str, Any]] = ()) -> str | None:
+    """Why bind would not bind `pod` to `node` now (None: it would), given the pods already on it.
+
+    The one seam for the fit and GPU-accounting checks (issue 9): they take the pod, the node and
+    `pods_on_node` and are to be called here, so the plugin's --cluster and explain say what bind says."""
+    return node_problem(pod, node, placement)
+
+
+# -- a plan ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Note:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One pod of a workload: where it goes, the env it gets, and why it would not be placed."""
+
+    index: int | None
+    pod: str
+    node: str = ""
+    devices: tuple[str, ...] = ()
+    mode: str | None = None  # the pod's device-env annotation; None: the webhook's DEVICE_ENV_MODE
+    env: Mapping[str, str] = field(default_factory=dict)         # cuda mode
+    nvidia_env: Mapping[str, str] = field(default_factory=dict)  # nvidia mode
+    problems: tuple[Note, ...] = ()
+    warnings: tuple[Note, ...] = ()
+    pod_object: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def placeable(self) -> bool:
+        return not self.problems
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.node, self.devices)
+
+
+@dataclass(frozen=True)
+class WorkloadPlan:
+    kind: str
+    namespace: str
+    name: str
+    replicas: str
+    rows: tuple[Row, ...]
+    warnings: tuple[Note, ...] = ()
+
+    @property
+    def placeable(self) -> bool:
+        return all(row.placeable for row in self.rows)
+
+
+def _listing(indexes: list[int], shown: int = 10) -> str:
+    head = ", ".join(map(str, indexes[:shown]))
+    return head if len(indexes) <= shown else f"{head}, ... ({len(indexes)} in all)"
+
+
+def _row(pod: Mapping[str, Any], index: int | None) -> Row:
+    name = pod_name(pod)
+    problems: list[Note] = []
+    if spec(pod).get("schedulerName") != SCHEDULER_NAME:
+        problems.append(Note(NOT_OUR_SCHEDULER,
+                             f"spec.schedulerName is {spec(pod).get('schedulerName')!r}, not {SCHEDULER_NAME!r}:"
+                             " another scheduler places this pod and the map's node is not enforced"))
+    try:
+        resolved = resolve(pod)
+    except NotPlaceable as why:
+        return Row(index, name, problems=(*problems, Note(why.reason, why.message)), pod_object=pod)
+    placement = resolved.placement
+    contradiction = affinity_contradiction(pod, placement.node)
+    if contradiction:
+        problems.append(Note(NODE_AFFINITY, contradiction))
+    annotations = metadata(pod).get("annotations") or {}
+    return Row(resolved.index, name, placement.node, placement.devices, annotations.get(MODE_ANNOTATION),
+               device_env(placement, CUDA), device_env(placement, NVIDIA), tuple(problems),
+               tuple(Note(r, m) for r, m in device_warnings(pod, resolved)), pod)
+
+
+def plan(work: Workload) -> WorkloadPlan:
+    """Every pod of `work` and where it goes. A malformed map or device-env annotation is the
+    workload's error (every pod would be refused at admission): ManifestError, naming the line."""
+    text = map_text(work.template)
+    if text is None:
+        raise ManifestError(f"{'' if work.kind == 'Pod' else 'spec.template.'}metadata.annotations has no {ANNOTATION}")
+    try:
+        entries = parse_map(text)
+        device_mode(work.template)
+    except (MapError, ModeError) as error:
+        raise ManifestError(str(error)) from None
+    rows = tuple(_row(pod_for(work, index), index) for index in work.indexes)
+    warnings = []
+    if work.indexed:
+        beyond = sorted(set(entries) - set(work.indexes))
+        if beyond:
+            warnings.append(Note("UnusedEntries", f"map entries {_listing(beyond)} are beyond the pod indexes of "
+                                 f"{work.replicas}: no pod uses them"))
+        missing = [row.index for row in rows if any(p.reason == NO_ENTRY for p in row.problems)]
+        if missing:
+            warnings.append(Note("ReplicasWithoutEntry", f"pod indexes {_listing(missing)} have no map entry:"
+                                 " those pods will stay Pending"))
+    return WorkloadPlan(work.kind, work.namespace, work.name, work.replicas, rows, tuple(warnings))
+
+
+# -- explain: one pod in the cluster ------------------------------------------------------------
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def device_env_of(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """{container: {variable: value}} for the device variables each container was given."""
+    found = {}
+    for kind in ("initContainers", "containers"):
+        for container in spec(pod).get(kind) or []:
+            if not isinstance(container, Mapping):
+                continue
+            env = {v.get("name"): v.get("value") for v in container.get("env") or []
+                   if isinstance(v, Mapping) and v.get("name") in ENV_NAMES}
+            found[str(container.get("name"))] = env
+    return found
+
+
+def scheduler_events(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """gpu-scheduler's Events among `events`, oldest first."""
+    ours = [e for e in events if isinstance(e, Mapping) and (
+        (e.get("source") or {}).get("component") == SCHEDULER_NAME or e.get("reportingComponent") == SCHEDULER_NAME)]
+    return sorted(ours, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+
+def pod_scheduled(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    status = pod.get("status")
+    for condition in (status.get("conditions") or []) if isinstance(status, Mapping) else []:
+        if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled":
+            return condition
+    return None
+
+
+@dataclass(frozen=True)
+class NextResync:
+    """What the next resync does with the pod: `action` is bind, wait (stays Pending) or nothing."""
+
+    action: str
+    node: str = ""
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def placeable(self) -> bool:
+        return self.action != "wait"
+
+
+def next_resync(pod: Mapping[str, Any], node: Mapping[str, Any] | None = None,
+                pods_on_node: Iterable[Mapping[str, Any]] = ()) -> NextResync:
+    """What bind's next resync would do with `pod`, given its map entry's node as read now."""
+    decision = bind_decision(pod)
+    if isinstance(decision, Ignore):
+        return NextResync("nothing", spec(pod).get("nodeName") or "", "Ignored", decision.why)
+    if isinstance(decision, Unplaceable):
+        return NextResync("wait", "", decision.reason, decision.message)
+    assert isinstance(decision, Bind)
+    problem = bind_problem(pod, node, decision.placement, pods_on_node)
+    if problem:
+        return NextResync("wait", decision.node, UNSCHEDULABLE, problem)
+    return NextResync("bind", decision.node, "Bind", f"bind to {decision.node}")

@@ -1,0 +1,44 @@
+"""What the plugin reads from the cluster, with bind's client (kubeapi), each thing once."""
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from kubeapi.client import Kube
+
+
+class Cluster:
+    def __init__(self, api: Kube):
+        self.api = api
+        self._nodes: dict[str, dict | None] = {}
+        self._pods_on: dict[str, list[dict]] = {}
+
+    def node(self, name: str) -> dict | None:
+        """The node, or None when it does not exist (as bind sees it)."""
+        if name not in self._nodes:
+            try:
+                self._nodes[name] = self.api.read_node(name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                self._nodes[name] = None
+        return self._nodes[name]
+
+    def pods_on(self, node: str) -> list[dict]:
+        """The pods bound to `node`, in all namespaces (what the fit and GPU checks count)."""
+        if node not in self._pods_on:
+            self._pods_on[node] = self.api.list_pods(f"spec.nodeName={node}")
+        return self._pods_on[node]
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.read_pod(namespace, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def events(self, pod: dict[str, Any]) -> list[dict]:
+        meta = pod.get("metadata") or {}
+        return self.api.list_events(meta.get("namespace", ""), f"involvedObject.uid={meta.get('uid', '')}")

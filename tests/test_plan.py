@@ -1,0 +1,334 @@
+"""The plan core (gpu_scheduler/plan.py): workloads -> the pods they create -> rows; node
+selector contradictions as far as they can be known; what the next resync does."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO
+from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
+from gpu_scheduler import plan as core
+from gpu_scheduler.devices import MODE_ANNOTATION
+from gpu_scheduler.placement import resolve
+from gpu_scheduler.podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL, pod_index
+
+SEED = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3"
+
+
+def template(text=SEED, scheduler=SCHEDULER_NAME, annotations=None, **pod_spec):
+    return {"metadata": {"labels": {"app": "w"}, "annotations": {ANNOTATION: text, **(annotations or {})}},
+            "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "i"}], **pod_spec}}
+
+
+def statefulset(replicas=5, start=None, name="w", namespace=None, **tmpl):
+    spec = {"replicas": replicas, "template": template(**tmpl)}
+    if start is not None:
+        spec["ordinals"] = {"start": start}
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec}
+
+
+def job(completions=3, mode="Indexed", **tmpl):
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"completionMode": mode, "completions": completions, "template": template(**tmpl)}}
+
+
+def rows(obj):
+    return core.plan(core.workload(obj)).rows
+
+
+def test_the_seed_statefulset_plans_as_bind_places_it():
+    [obj] = yaml.safe_load_all((REPO / "check" / "statefulset.yaml").read_text())
+    plan = core.plan(core.workload(obj))
+    assert [(r.index, r.pod, r.node, ",".join(r.devices)) for r in plan.rows] == [
+        (0, "gpu-scheduler-check-0", "node1", "0,1"), (1, "gpu-scheduler-check-1", "node2", "2"),
+        (2, "gpu-scheduler-check-2", "node3", "0,1,2"), (3, "gpu-scheduler-check-3", "node4", "3"),
+        (4, "gpu-scheduler-check-4", "node4", "3")]
+    assert plan.placeable and plan.warnings == ()
+    assert [[w.reason for w in r.warnings] for r in plan.rows] == [[], [], [], ["SharedDevices"], ["SharedDevices"]]
+    assert plan.rows[3].nvidia_env == {"NVIDIA_VISIBLE_DEVICES": "3", "CUDA_VISIBLE_DEVICES": "0",
+                                       "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert plan.rows[2].env == {"CUDA_VISIBLE_DEVICES": "0,1,2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize("replicas,start,indexes", [
+    (None, None, [0]), (0, None, []), (3, None, [0, 1, 2]), (3, 0, [0, 1, 2]), (2, 3, [3, 4]), (1, 7, [7])])
+def test_statefulset_indexes_follow_replicas_and_ordinals_start(replicas, start, indexes):
+    obj = statefulset(replicas, start)
+    if replicas is None:
+        del obj["spec"]["replicas"]
+    work = core.workload(obj)
+    assert list(work.indexes) == indexes
+    for index in indexes:
+        pod = core.pod_for(work, index)
+        assert pod["metadata"]["name"] == f"w-{index}"
+        assert pod["metadata"]["labels"][STATEFULSET_INDEX_LABEL] == str(index)
+        assert pod["metadata"]["labels"]["app"] == "w", "the template's labels are kept"
+        assert pod_index(pod["metadata"]) == index
+
+
+def test_pod_for_does_not_change_the_template():
+    work = core.workload(statefulset())
+    before = yaml.safe_dump(dict(work.template))
+    pod = core.pod_for(work, 2)
+    pod["spec"]["containers"].append({"name": "x"})
+    assert yaml.safe_dump(dict(work.template)) == before
+
+
+def test_ordinals_start_shifts_which_entries_are_used_and_which_are_beyond():
+    plan = core.plan(core.workload(statefulset(replicas=3, start=2)))
+    assert [(r.index, r.node) for r in plan.rows] == [(2, "node3"), (3, "node4"), (4, "node4")]
+    [warning] = plan.warnings
+    assert warning.reason == "UnusedEntries" and "map entries 0, 1 are beyond" in warning.message
+    assert "ordinals.start 2" in warning.message
+
+
+def test_replicas_without_entry_are_not_placeable_and_named():
+    plan = core.plan(core.workload(statefulset(replicas=7)))
+    assert [r.placeable for r in plan.rows] == [True] * 5 + [False] * 2
+    assert plan.rows[5].problems[0].reason == "NoMapEntry" and plan.rows[5].node == ""
+    assert "pod index 5 has no entry" in plan.rows[5].problems[0].message
+    assert [w.reason for w in plan.warnings] == ["ReplicasWithoutEntry"]
+    assert "pod indexes 5, 6 have no map entry" in plan.warnings[0].message
+    assert not plan.placeable
+
+
+def test_indexed_job_pods_carry_the_completion_index():
+    work = core.workload(job(3))
+    assert list(work.indexes) == [0, 1, 2]
+    pod = core.pod_for(work, 1)
+    assert pod["metadata"]["annotations"][JOB_INDEX_KEY] == "1"
+    assert pod["metadata"]["generateName"] == "j-1-" and "name" not in pod["metadata"]
+    plan = core.plan(work)
+    assert [(r.index, r.pod, r.node) for r in plan.rows] == [(0, "j-0-*", "node1"), (1, "j-1-*", "node2"),
+                                                           (2, "j-2-*", "node3")]
+    assert "map entries 3, 4 are beyond" in plan.warnings[0].message
+
+
+def test_a_non_indexed_job_or_a_deployment_has_no_index():
+    for obj in (job(mode="NonIndexed"),
+                {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template()}}):
+        [row] = rows(obj)
+        assert row.index is None and not row.placeable
+        assert row.problems[0].reason == "UnknownIndex" and "generateName" in row.problems[0].message
+
+
+def test_a_pod_plans_as_itself_in_the_given_namespace():
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p-3", "annotations": {ANNOTATION: SEED}},
+           "spec": {"schedulerName": SCHEDULER_NAME, "containers": []}}
+    work = core.workload(pod, "team")
+    assert work.namespace == "team" and core.plan(work).rows[0].node == "node4"
+    assert core.plan(work).warnings == (), "a bare pod's map may name other pods: no UnusedEntries"
+
+
+@pytest.mark.parametrize("obj", [
+    {"kind": "Service", "metadata": {"name": "s"}, "spec": {}},
+    {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"metadata": {}, "spec": {}}}},
+    {"kind": "ConfigMap", "metadata": {"name": "c"}},
+])
+def test_objects_that_create_no_pods_of_ours_are_skipped(obj):
+    assert core.workload(obj) is None
+
+
+@pytest.mark.parametrize("obj,message", [
+    (statefulset(replicas=-1), "spec.replicas: expected a non-negative integer, found -1"),
+    (statefulset(replicas="3"), "spec.replicas: expected a non-negative integer, found '3'"),
+    (statefulset(replicas=True), "spec.replicas: expected a non-negative integer"),
+    (statefulset(replicas=core.MAX_REPLICAS + 1), f"a plan lists at most {core.MAX_REPLICAS} pods"),
+    (statefulset(start=-2), "spec.ordinals.start: expected a non-negative integer"),
+    ({"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"replicas": 1}}, "spec.template: expected an object"),
+    ({"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"template": {"spec": []}}}, "spec.template.spec: expected an object"),
+    ({"kind": "StatefulSet", "metadata": {"name": "w"}}, "spec: expected an object, found nothing"),
+    ({"kind": "StatefulSet", "metadata": {}, "spec": {}}, "metadata.name: a StatefulSet needs a name"),
+    ({"kind": "Pod", "metadata": "x"}, "metadata: expected an object, found str"),
+    (job(completions=None), "spec.completions: expected a non-negative integer, found None"),
+    (job(mode="Sideways"), "spec.completionMode: expected Indexed or NonIndexed, found 'Sideways'"),
+])
+def test_malformed_workloads_name_the_field(obj, message):
+    with pytest.raises(core.ManifestError, match=None) as raised:
+        core.plan(core.workload(obj))
+    assert message in str(raised.value)
+
+
+def test_a_malformed_map_is_the_workloads_error_naming_the_line():
+    with pytest.raises(core.ManifestError) as raised:
+        core.plan(core.workload(statefulset(text="0=node1:0\n1=node2:2,2")))
+    assert str(raised.value) == ("invalid gpu-scheduling-map annotation: line 2 '1=node2:2,2':"
+                                 " device 2 is listed more than once")
+
+
+def test_a_bad_device_mode_is_the_workloads_error():
+    with pytest.raises(core.ManifestError, match=MODE_ANNOTATION):
+        core.plan(core.workload(statefulset(annotations={MODE_ANNOTATION: "amd"})))
+
+
+def test_a_template_without_the_map_is_an_error_for_the_kinds_we_plan():
+    obj = statefulset()
+    del obj["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    with pytest.raises(core.ManifestError, match="spec.template.metadata.annotations has no gpu-scheduling-map"):
+        core.plan(core.workload(obj))
+
+
+def test_another_scheduler_is_not_placeable():
+    [row, *_] = rows(statefulset(scheduler="default-scheduler"))
+    assert row.problems[0].reason == core.NOT_OUR_SCHEDULER and row.node == "node1"
+
+
+def test_the_mode_annotation_is_shown():
+    assert {r.mode for r in rows(statefulset(annotations={MODE_ANNOTATION: "nvidia"}))} == {"nvidia"}
+
+
+def test_gpu_requests_are_warned_about_as_admission_does():
+    [row, *_] = rows(statefulset(containers=[{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]))
+    assert [w.reason for w in row.warnings] == ["GPUResourceRequested"]
+
+
+def test_objects_in_a_list_and_empty_documents():
+    assert core.objects_in(None) == []
+    assert core.objects_in({"kind": "List", "items": [statefulset()]}) == [statefulset()]
+    with pytest.raises(core.ManifestError, match="expected a Kubernetes object, found list"):
+        core.objects_in([1])
+    with pytest.raises(core.ManifestError, match=r"items\[0\]: expected an object"):
+        core.objects_in({"kind": "List", "items": ["x"]})
+
+
+# -- node selectors -------------------------------------------------------------------------------
+def pod_with(**pod_spec):
+    return {"metadata": {}, "spec": pod_spec}
+
+
+def required(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def hostname(operator, *values):
+    return {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": operator, "values": list(values)}]}
+
+
+def name_field(operator, *values):
+    return {"matchFields": [{"key": "metadata.name", "operator": operator, "values": list(values)}]}
+
+
+@pytest.mark.parametrize("pod_spec,contradicts", [
+    ({}, False),
+    ({"nodeSelector": {"kubernetes.io/hostname": "node1"}}, False),
+    ({"nodeSelector": {"kubernetes.io/hostname": "node2"}}, True),
+    ({"nodeSelector": {"gpu": "a100"}}, False),  # unknown without the node: never a contradiction
+    ({"nodeSelector": {"gpu": "a100", "kubernetes.io/hostname": "node2"}}, True),
+    ({"affinity": required(hostname("In", "node1", "node2"))}, False),
+    ({"affinity": required(hostname("In", "node2"))}, True),
+    ({"affinity": required(hostname("NotIn", "node1"))}, True),
+    ({"affinity": required(hostname("NotIn", "node2"))}, False),
+    ({"affinity": required(hostname("DoesNotExist"))}, True),
+    ({"affinity": required(hostname("Exists"))}, False),
+    ({"affinity": required(name_field("In", "node2"))}, True),
+    ({"affinity": required(name_field("In", "node1"))}, False),
+    ({"affinity": required(name_field("In", "node2"), hostname("In", "node1"))}, False),  # terms are ORed
+    ({"affinity": required({**name_field("In", "node1"), **hostname("In", "node2")})}, True),  # ANDed inside
+    ({"affinity": required({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                           name_field("In", "node2"))}, False),  # one term unknown
+    ({"affinity": required({})}, True),  # an empty term matches nothing
+    ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": hostname("In", "node2")}]}}}, False),  # preferences never exclude
+    ({"nodeSelector": "junk", "affinity": ["junk"]}, False),
+])
+def test_contradictions_known_from_the_node_name(pod_spec, contradicts):
+    found = core.affinity_contradiction(pod_with(**pod_spec), "node1")
+    assert (found is not None) == contradicts
+    if found:
+        assert found.startswith(core.AFFINITY_REASON)
+
+
+@pytest.mark.parametrize("operator,values,labels,matches", [
+    ("In", ["a"], {"zone": "a"}, True), ("In", ["a"], {}, False), ("NotIn", ["a"], {}, True),
+    ("NotIn", ["a"], {"zone": "a"}, False), ("Exists", [], {"zone": "x"}, True), ("DoesNotExist", [], {"zone": "x"}, False),
+    ("Gt", ["3"], {"zone": "4"}, True), ("Gt", ["3"], {"zone": "3"}, False), ("Lt", ["3"], {"zone": "2"}, True),
+    ("Gt", ["3"], {"zone": "x"}, False), ("Gt", ["3"], {}, False), ("Bogus", ["a"], {"zone": "a"}, False),
+])
+def test_with_the_nodes_labels_every_operator_is_decided(operator, values, labels, matches):
+    pod = pod_with(affinity=required({"matchExpressions": [{"key": "zone", "operator": operator, "values": values}]}))
+    assert (core.affinity_contradiction(pod, "n", labels) is None) == matches
+
+
+KEYS = st.sampled_from(["kubernetes.io/hostname", "zone", "gpu"])
+REQUIREMENTS = st.fixed_dictionaries({
+    "key": KEYS, "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]),
+    "values": st.lists(st.sampled_from(["node1", "node2", "a", "1", "5"]), max_size=2)})
+TERMS = st.fixed_dictionaries({}, optional={
+    "matchExpressions": st.lists(REQUIREMENTS, max_size=3),
+    "matchFields": st.lists(st.fixed_dictionaries({"key": st.just("metadata.name"),
+                                                   "operator": st.sampled_from(["In", "NotIn"]),
+                                                   "values": st.lists(st.sampled_from(["node1", "node2"]), max_size=2)}),
+                            max_size=1)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(selector=st.dictionaries(KEYS, st.sampled_from(["node1", "node2", "a"]), max_size=2),
+       terms=st.none() | st.lists(TERMS, max_size=3),
+       zone=st.none() | st.sampled_from(["a", "1", "5"]), gpu=st.none() | st.sampled_from(["a", "5"]))
+def test_what_the_name_tells_never_contradicts_the_whole_node(selector, terms, zone, gpu):
+    """Sound: a contradiction found from the name alone is one on every node of that name
+    (whose hostname label is its name), whatever its other labels."""
+    pod = pod_with(nodeSelector=selector, **({"affinity": required(*terms)} if terms is not None else {}))
+    labels = {"kubernetes.io/hostname": "node1", **({"zone": zone} if zone else {}), **({"gpu": gpu} if gpu else {})}
+    if core.affinity_contradiction(pod, "node1") is not None:
+        assert core.affinity_contradiction(pod, "node1", labels) is not None
+
+
+def test_a_contradiction_makes_the_row_not_placeable():
+    [row, *_] = rows(statefulset(nodeSelector={"kubernetes.io/hostname": "node9"}))
+    assert row.problems[0].reason == core.NODE_AFFINITY
+    assert "nodeSelector {kubernetes.io/hostname=node9} excludes node node1" in row.problems[0].message
+
+
+# -- bind's checks, and explain ------------------------------------------------------------------
+READY = {"type": "Ready", "status": "True"}
+
+
+def node(name="node1", unschedulable=False, ready=True, gpus="4"):
+    return {"metadata": {"name": name}, "spec": {"unschedulable": unschedulable},
+            "status": {"capacity": {"nvidia.com/gpu": gpus}, "conditions": [{**READY, "status": str(ready)}]}}
+
+
+def cluster_pod(name="w-0", node_name="", text=SEED, scheduler=SCHEDULER_NAME):
+    return {"metadata": {"name": name, "namespace": "ns", "uid": "u", "annotations": {ANNOTATION: text}},
+            "spec": {"schedulerName": scheduler, "nodeName": node_name, "containers": [
+                {"name": "c", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}, {"name": "X", "value": "y"}]}]}}
+
+
+def test_bind_problem_is_bind_s_node_check():
+    pod = cluster_pod()
+    placement = resolve(pod).placement
+    assert core.bind_problem(pod, node(), placement) is None
+    assert core.bind_problem(pod, None, placement) == "node node1 does not exist"
+    assert "cordoned" in core.bind_problem(pod, node(unschedulable=True), placement)
+    assert "not Ready" in core.bind_problem(pod, node(ready=False), placement)
+    assert "beyond node node1's 1" in core.bind_problem(pod, node(gpus="1"), placement)
+
+
+@pytest.mark.parametrize("pod,node_object,action,reason", [
+    (cluster_pod(), node(), "bind", "Bind"),
+    (cluster_pod(), node(unschedulable=True), "wait", "Unschedulable"),
+    (cluster_pod(), None, "wait", "Unschedulable"),
+    (cluster_pod("w-9"), None, "wait", "NoMapEntry"),
+    (cluster_pod(text="0=node1"), None, "wait", "MalformedMap"),
+    (cluster_pod(node_name="node1"), None, "nothing", "Ignored"),
+    (cluster_pod(scheduler="default-scheduler"), None, "nothing", "Ignored"),
+])
+def test_next_resync_is_bind_s_decision(pod, node_object, action, reason):
+    answer = core.next_resync(pod, node_object)
+    assert (answer.action, answer.reason) == (action, reason)
+    assert answer.placeable == (action != "wait")
+
+
+def test_device_env_events_and_condition_of_a_pod():
+    pod = cluster_pod()
+    assert core.device_env_of(pod) == {"c": {"CUDA_VISIBLE_DEVICES": "0,1"}}
+    pod["status"] = {"conditions": [{"type": "Ready"}, {"type": "PodScheduled", "status": "False"}]}
+    assert core.pod_scheduled(pod)["status"] == "False"
+    events = [{"source": {"component": "gpu-scheduler"}, "reason": "B", "lastTimestamp": "2026-01-02T00:00:00Z"},
+              {"source": {"component": "kubelet"}, "reason": "X"},
+              {"reportingComponent": "gpu-scheduler", "reason": "A", "lastTimestamp": "2026-01-01T00:00:00Z"}]
+    assert [e["reason"] for e in core.scheduler_events(events)] == ["A", "B"]

@@ -1,0 +1,261 @@
+"""`kubectl gpu-scheduler plan` on files: every output form, malformed input, several documents,
+stdin; exit codes; the installed console script, `python -m`, and kubectl's plugin lookup."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from kubectl_gpu_scheduler.cli import main
+from localcp.cluster import BIN
+
+SEED_FILE = str(REPO / "check" / "statefulset.yaml")
+SEED = yaml.safe_load((REPO / "check" / "statefulset.yaml").read_text())
+SCRIPT = Path(sys.executable).parent / "kubectl-gpu_scheduler"
+
+
+def run(*argv: str, stdin: str = "") -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdin=io.BytesIO(stdin.encode()), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path: Path, *documents, name="w.yaml") -> str:
+    path = tmp_path / name
+    path.write_text("---\n".join(d if isinstance(d, str) else yaml.safe_dump(d) for d in documents))
+    return str(path)
+
+
+def with_map(text: str, replicas: int = 5, name: str = "gpu-scheduler-check", **spec) -> dict:
+    obj = json.loads(json.dumps(SEED))
+    obj["metadata"]["name"] = name
+    obj["spec"]["replicas"] = replicas
+    obj["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] = text
+    obj["spec"].update(spec)
+    return obj
+
+
+def table_rows(out: str) -> list[list[str]]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("INDEX"))
+    return [line.split() for line in lines[start + 1:] if line and line[0].isdigit()]
+
+
+def test_the_seed_statefulset_table():
+    code, out, err = run("plan", "-f", SEED_FILE)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == f"StatefulSet default/gpu-scheduler-check ({SEED_FILE}, document 1; replicas 5)"
+    assert [(r[0], r[1], r[2], r[3]) for r in table_rows(out)] == [
+        ("0", "gpu-scheduler-check-0", "node1", "0,1"), ("1", "gpu-scheduler-check-1", "node2", "2"),
+        ("2", "gpu-scheduler-check-2", "node3", "0,1,2"), ("3", "gpu-scheduler-check-3", "node4", "3"),
+        ("4", "gpu-scheduler-check-4", "node4", "3")]
+    assert table_rows(out)[3][4:] == ["NVIDIA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=0", "ok"]
+    assert "warning: pod gpu-scheduler-check-3: pod index 3 shares GPUs on node4: device 3 also to index 4" in out
+
+
+@pytest.mark.parametrize("form,load", [("json", json.loads), ("yaml", yaml.safe_load)])
+def test_json_and_yaml_say_the_same(form, load):
+    code, out, _ = run("plan", "-f", SEED_FILE, "-o", form)
+    answer = load(out)
+    assert code == 0 and answer["placeable"] is True
+    [work] = answer["workloads"]
+    assert (work["kind"], work["namespace"], work["name"], work["document"]) == ("StatefulSet", "default",
+                                                                                "gpu-scheduler-check", 1)
+    assert [(p["index"], p["node"], p["CUDA_VISIBLE_DEVICES"]) for p in work["pods"]] == [
+        (0, "node1", "0,1"), (1, "node2", "2"), (2, "node3", "0,1,2"), (3, "node4", "3"), (4, "node4", "3")]
+    assert work["pods"][1]["env"] == {"cuda": {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+                                      "nvidia": {"NVIDIA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0",
+                                                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+    assert work["pods"][3]["warnings"][0]["reason"] == "SharedDevices"
+    assert "cluster" not in work["pods"][0], "offline, nothing is said about the cluster"
+
+
+@pytest.mark.parametrize("form", ["table", "json", "yaml"])
+def test_a_malformed_map_exits_2_naming_file_document_and_line(tmp_path, form):
+    path = write(tmp_path, {"kind": "ConfigMap", "metadata": {"name": "c"}},
+                 with_map("0=node1:0\n1=node2:2,2\n2=node3:x"))
+    code, out, err = run("plan", "-f", path, "-o", form)
+    assert code == 2 and out == ""
+    assert err == (f"error: {path}: document 2 (StatefulSet default/gpu-scheduler-check): invalid gpu-scheduling-map"
+                   " annotation: line 2 '1=node2:2,2': device 2 is listed more than once; line 3 '2=node3:x':"
+                   " device 'x' is neither a non-negative integer nor a GPU-<uuid>/MIG-<uuid> identifier\n")
+
+
+def test_multi_document_files_plan_each_workload_and_report_each_error(tmp_path):
+    path = write(tmp_path, with_map("0=node1:0\n1=node2:1", replicas=2, name="a"),
+                 "kind: Service\nmetadata: {name: s}\nspec: {}\n", "",
+                 with_map("0=node1:0\n0=node2:1", name="bad"),
+                 with_map("5=node3:1", replicas=1, name="c", ordinals={"start": 5}))
+    code, out, err = run("plan", "-f", path, "-o", "json")
+    assert code == 2, "one document is malformed"
+    assert [(w["name"], w["document"]) for w in json.loads(out)["workloads"]] == [("a", 1), ("c", 5)]
+    assert json.loads(out)["workloads"][1]["pods"][0]["pod"] == "c-5"
+    assert err.count("\n") == 1 and "document 4 (StatefulSet default/bad)" in err and "line 2" in err
+
+
+def test_stdin_and_several_files_in_order(tmp_path):
+    second = write(tmp_path, with_map("0=node2:3", replicas=1, name="b"))
+    code, out, err = run("plan", "-f", "-", "-f", second, "-o", "yaml", stdin=Path(SEED_FILE).read_text())
+    answer = yaml.safe_load(out)
+    assert code == 0 and err == ""
+    assert [(w["source"], w["name"]) for w in answer["workloads"]] == [("-", "gpu-scheduler-check"), (second, "b")]
+    code, out, _ = run("plan", "-f", "-", stdin=Path(SEED_FILE).read_text())
+    assert out.splitlines()[0].endswith("(stdin, document 1; replicas 5)")
+
+
+def test_a_directory_reads_its_manifests(tmp_path):
+    write(tmp_path, with_map("0=node1:0", replicas=1, name="x"), name="a.yaml")
+    write(tmp_path, with_map("0=node2:0", replicas=1, name="y"), name="b.json")
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    code, out, _ = run("plan", "-f", str(tmp_path), "-o", "json")
+    assert code == 0 and [w["name"] for w in json.loads(out)["workloads"]] == ["x", "y"]
+
+
+def test_exit_1_when_a_replica_would_not_be_placed(tmp_path):
+    code, out, err = run("plan", "-f", write(tmp_path, with_map("0=node1:0\n1=node2:1", replicas=3)))
+    assert (code, err) == (1, "")
+    assert table_rows(out)[2] == ["2", "gpu-scheduler-check-2", "<none>", "<none>", "<none>", "NoMapEntry"]
+    assert "not placed: pod gpu-scheduler-check-2: pod index 2 has no entry" in out
+    assert "warning: pod indexes 2 have no map entry: those pods will stay Pending" in out
+
+
+def test_entries_beyond_the_replicas_are_a_warning_not_a_failure(tmp_path):
+    code, out, _ = run("plan", "-f", write(tmp_path, with_map("0=node1:0\n1=node2:1\n7=node3:1", replicas=2)))
+    assert code == 0 and "warning: map entries 7 are beyond the pod indexes of replicas 2: no pod uses them" in out
+
+
+def test_a_selector_contradiction_is_not_placeable(tmp_path):
+    obj = with_map("0=node1:0", replicas=1)
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node2"}
+    code, out, _ = run("plan", "-f", write(tmp_path, obj))
+    assert code == 1 and "NodeAffinity" in out
+    assert "node(s) didn't match Pod's node affinity/selector: nodeSelector {kubernetes.io/hostname=node2}" in out
+
+
+def test_jobs_pods_and_lists(tmp_path):
+    template = SEED["spec"]["template"]
+    docs = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+             "spec": {"completionMode": "Indexed", "completions": 2, "template": template}},
+            {"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p-3", "namespace": "team", **template["metadata"]},
+                 "spec": template["spec"]}]}]
+    code, out, _ = run("plan", "-f", write(tmp_path, *docs), "-o", "json")
+    work = json.loads(out)["workloads"]
+    assert code == 0
+    assert [(w["kind"], w["namespace"], [(p["index"], p["pod"], p["node"]) for p in w["pods"]]) for w in work] == [
+        ("Job", "default", [(0, "j-0-*", "node1"), (1, "j-1-*", "node2")]), ("Pod", "team", [(3, "p-3", "node4")])]
+
+
+def test_namespace_flag_defaults_and_must_agree(tmp_path):
+    obj = with_map("0=node1:0", replicas=1)
+    obj["metadata"].pop("namespace", None)
+    code, out, _ = run("plan", "-f", write(tmp_path, obj), "-n", "team", "-o", "json")
+    assert code == 0 and json.loads(out)["workloads"][0]["namespace"] == "team"
+    code, out, _ = run("plan", "-f", write(tmp_path, obj), "-o", "json")
+    assert code == 0 and json.loads(out)["workloads"][0]["namespace"] == "default"
+    code, _, err = run("plan", "-f", SEED_FILE, "-n", "team")
+    assert code == 2 and "the namespace of the object (default) does not match --namespace team" in err
+
+
+@pytest.mark.parametrize("content,message", [
+    ("kind: StatefulSet\nmetadata: {name: x\n", "document 1: invalid YAML at line 3, column 1"),
+    ("a: 1\n---\n- [\n", "document 2: invalid YAML at line 4"),
+    ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found list"),
+    ("kind: StatefulSet\nmetadata: {name: x}\nspec: {replicas: -1, template: {spec: {}}}\n",
+     "spec.replicas: expected a non-negative integer, found -1"),
+    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
+    ("", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
+])
+def test_malformed_manifests_exit_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    code, out, err = run("plan", "-f", str(path))
+    assert code == 2 and out == "" and message in err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_unreadable_input_exits_2(tmp_path):
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00")
+    for argv, message in [(["plan", "-f", str(tmp_path / "missing.yaml")], "No such file or directory"),
+                          (["plan", "-f", str(tmp_path / "bin.yaml")], "not UTF-8 text (byte 0)"),
+                          (["plan", "-f", str(tmp_path / "empty-dir")], "No such file or directory")]:
+        code, _, err = run(*argv)
+        assert code == 2 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "the following arguments are required: command"),
+    (["plan"], "the following arguments are required: -f/--filename"),
+    (["plan", "-f", SEED_FILE, "-o", "wide"], "argument -o/--output: invalid choice: 'wide'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["explain"], "the following arguments are required: POD"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, message):
+    code, out, err = run(*argv)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_cluster_mode_without_a_kubeconfig_exits_2(tmp_path):
+    code, _, err = run("plan", "-f", SEED_FILE, "--cluster", "--kubeconfig", str(tmp_path / "none"))
+    assert code == 2 and err == f"error: kubeconfig: kubeconfig {tmp_path / 'none'} does not exist\n"
+
+
+def test_cluster_mode_with_the_api_down_exits_2_in_bounded_time(unreachable_kubeconfig):
+    code, _, err = run("plan", "-f", SEED_FILE, "--cluster", "--kubeconfig", str(unreachable_kubeconfig))
+    assert code == 2 and err.startswith("error: cannot reach the Kubernetes API") and err.count("\n") == 1
+
+
+def test_an_unknown_context_exits_2(unreachable_kubeconfig):
+    code, _, err = run("explain", "p", "--kubeconfig", str(unreachable_kubeconfig), "--context", "nope")
+    assert code == 2 and "context 'nope' does not exist" in err
+
+
+# -- the installed command ------------------------------------------------------------------------
+def test_the_console_script_and_python_m_print_the_same():
+    script = subprocess.run([str(SCRIPT), "plan", "-f", "check/statefulset.yaml"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    module = subprocess.run([sys.executable, "-m", "kubectl_gpu_scheduler", "plan", "-f", "check/statefulset.yaml"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert script.returncode == module.returncode == 0
+    assert script.stdout == module.stdout and [r[2] for r in table_rows(script.stdout)] == [
+        "node1", "node2", "node3", "node4", "node4"]
+
+
+def test_the_script_reads_stdin_and_fails_without_traceback():
+    bad = (REPO / "check" / "statefulset.yaml").read_text().replace("1=node2:2", "1=node2:")
+    done = subprocess.run([str(SCRIPT), "plan", "-f", "-", "-o", "json"], input=bad, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("error: stdin: document 1 (StatefulSet default/gpu-scheduler-check): invalid"
+                           " gpu-scheduling-map annotation: line 2 '1=node2:': the device list after ':' is empty\n")
+
+
+def test_the_script_survives_a_closed_pipe():
+    done = subprocess.run(f"'{SCRIPT}' plan -f check/statefulset.yaml -o yaml | head -1", shell=True, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == "workloads:\n" and done.stderr == ""
+
+
+@pytest.mark.skipif(not (BIN / "kubectl").exists(), reason="kubectl is built by localcp/build.sh (make controlplane)")
+def test_kubectl_finds_the_plugin_on_path():
+    env = {**os.environ, "PATH": f"{SCRIPT.parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([str(BIN / "kubectl"), "gpu-scheduler", "plan", "-f", "check/statefulset.yaml"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [(r[2], r[3]) for r in table_rows(done.stdout)] == [
+        ("node1", "0,1"), ("node2", "2"), ("node3", "0,1,2"), ("node4", "3"), ("node4", "3")]
+    listed = subprocess.run([str(BIN / "kubectl"), "plugin", "list"], env=env, capture_output=True, text=True)
+    assert str(SCRIPT) in listed.stdout
+
+
+def test_the_readme_shows_what_the_command_prints(monkeypatch):
+    monkeypatch.chdir(REPO)
+    _, out, _ = run("plan", "-f", "check/statefulset.yaml")
+    assert f"$ kubectl gpu-scheduler plan -f check/statefulset.yaml\n{out}```" in (REPO / "README.md").read_text()
