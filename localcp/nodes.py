@@ -300,6 +300,13 @@ def processes() -> list[tuple[int, str]]:
     return found
 
 
+def _cgroup(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 class Nodes:
     """node1..node4 as real nodes of one control plane."""
 
@@ -427,7 +434,8 @@ class Nodes:
         """What of these nodes is still on the machine: processes, mounts, cgroups, network
         interfaces and namespaces (pods' and the nodes' own)."""
         run = str(self.cp.workdir / "nodes")
-        mine = [f"{pid} {argv}" for pid, argv in processes() if run in argv]
+        roots = [n.cgroup_root for n in self.nodes.values()]
+        mine = [f"{pid} {argv}" for pid, argv in processes() if run in argv or any(r in _cgroup(pid) for r in roots)]
         mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
                   if run in line or "gpu-scheduler-node" in line]
         cgroups = [str(h / n.cgroup_root.lstrip("/")) for h in cgroup_hierarchies() for n in self.nodes.values()
