@@ -321,6 +321,7 @@ class Nodes:
         return self.nodes[name]
 
     def start(self, timeout: float = 90) -> "Nodes":
+        began = time.monotonic()
         try:
             errors: list[BaseException] = []
 
@@ -342,6 +343,7 @@ class Nodes:
         except BaseException:
             self.stop()
             raise
+        self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready
         return self
 
     def node(self, name: str) -> dict:
