@@ -274,6 +274,13 @@ class ControlPlane:
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=2) as r:
             return r.read() == b"ok"
 
+    def versions(self) -> list[str]:
+        """What runs, as the components report it themselves."""
+        server = json.loads(self.get("/version"))["gitVersion"]
+        etcd = subprocess.run([str(ETCD), "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        return [f"kube-apiserver {server} (kube-controller-manager, kube-scheduler, kubectl the same build)",
+                " ".join(etcd.replace("Version:", "").split())]
+
     def service_account_ready(self, namespace: str, name: str = "default") -> bool:
         """Pods are admitted only once their ServiceAccount exists (ServiceAccount admission)."""
         try:

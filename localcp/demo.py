@@ -26,18 +26,20 @@ def main() -> int:
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
     ensure_built()
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
-         "node1..node4 (a kubelet and a containerd each); mutate (TLS) and bind")
+         "node1..node4 (a kubelet and a containerd each);\n"
+         "    mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
     started = time.monotonic()
     with LocalStack(real_nodes=True) as stack:
         print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
+        print("    " + "; ".join(stack.cp.versions()))
         print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
         step(f"kubectl apply -f {SEED.relative_to(REPO)}   (5 replicas, the seed map; unchanged)")
         applied = time.monotonic()
         print(stack.apply(SEED.read_text()), end="")
         pods = stack.wait_for(lambda: running(stack, 5), 120, "5 check pods Running")
         print(f"    five Running {time.monotonic() - applied:.1f}s after the apply")
-        step("kubectl get pod -o wide")
-        print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
+        step("kubectl get pod -o wide -L apps.kubernetes.io/pod-index   (the label the StatefulSet controller sets)")
+        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-L", "apps.kubernetes.io/pod-index").stdout, end="")
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             name = pod["metadata"]["name"]
             step(f"kubectl logs {name} --tail=1   (its container, on {pod['spec']['nodeName']})")

@@ -223,9 +223,7 @@ class ApiServerSource:
         self._flowing.set()
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._watch, args=watch, name=f"apiserversource-watch-{i}", daemon=True)
-                         for i, watch in enumerate(self.watches)]
-        self._threads.append(threading.Thread(target=self._send_forever, name="apiserversource-send", daemon=True))
+        self._threads: list[threading.Thread] = []
         self._started = threading.Semaphore(0)
 
     @classmethod
@@ -237,6 +235,9 @@ class ApiServerSource:
                    manifest["metadata"]["namespace"], **faults)
 
     def start(self) -> "ApiServerSource":
+        self._threads = [threading.Thread(target=self._watch, args=watch, name=f"apiserversource-watch-{i}", daemon=True)
+                         for i, watch in enumerate(self.watches)]
+        self._threads.append(threading.Thread(target=self._send_forever, name="apiserversource-send", daemon=True))
         for thread in self._threads:
             thread.start()
         for _ in self.watches:

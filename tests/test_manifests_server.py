@@ -1,11 +1,9 @@
 """The core objects of the deployment, accepted by a real API server: `kubectl apply
---dry-run=server` against the local control plane (Kubernetes 1.20, tests/conftest.py's
-`controlplane` fixture). Server-side dry run runs defaulting, validation and admission without
-persisting anything.
+--dry-run=server` against the local control plane (Kubernetes 1.34, the kind cluster's version;
+tests/conftest.py's `controlplane` fixture). Server-side dry run runs defaulting, validation and
+admission without persisting anything. Every core object is sent as shipped (the webhook's
+matchConditions included); only namespaced objects move into a namespace the test creates.
 
-Only kinds that Kubernetes 1.20 serves, and without the fields it lacks:
-- MutatingWebhookConfiguration: `matchConditions` is stripped (alpha in 1.27, GA in 1.30; the
-  kind cluster runs 1.34, and tests/test_manifests.py validates the full object for 1.34).
 Custom resources (Knative, cert-manager) need their CRDs and controllers: test_manifests.py
 validates them against the published CRD schemas instead.
 """
@@ -22,26 +20,20 @@ from schemas import REPO, load_documents
 
 pytestmark = pytest.mark.controlplane
 
-SOURCES = [*sorted((REPO / "knative").glob("*.yaml")), REPO / "check" / "statefulset.yaml"]
-KINDS_IN_1_20 = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "StatefulSet",
-                 "MutatingWebhookConfiguration"}
-# kind -> fields of each list item under the given key that Kubernetes 1.20 does not know.
-NEWER_THAN_1_20 = {"MutatingWebhookConfiguration": ("webhooks", ["matchConditions"])}
+SOURCES = [*sorted((REPO / "knative").glob("*.yaml")), REPO / "check" / "statefulset.yaml",
+           REPO / "kind" / "kourier-nodeport.yaml"]
+CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "StatefulSet",
+              "MutatingWebhookConfiguration", "Service"}
 
 
-def for_1_20(namespace: str) -> list[dict]:
-    """The 1.20-servable objects, namespaced ones moved into `namespace` (created by the test)."""
+def core_objects(namespace: str) -> list[dict]:
+    """The objects Kubernetes itself serves, namespaced ones moved into `namespace`."""
     result = []
     for path in SOURCES:
         for doc in load_documents(path):
-            if doc["kind"] not in KINDS_IN_1_20:
+            if doc["kind"] not in CORE_KINDS or "knative.dev" in doc["apiVersion"]:
                 continue
             doc = copy.deepcopy(doc)
-            if doc["kind"] in NEWER_THAN_1_20:
-                key, fields = NEWER_THAN_1_20[doc["kind"]]
-                for item in doc[key]:
-                    for field in fields:
-                        item.pop(field, None)
             if "namespace" in doc["metadata"]:
                 doc["metadata"]["namespace"] = namespace
             for subject in doc.get("subjects", []):
@@ -55,8 +47,8 @@ def test_core_objects_pass_server_side_dry_run(controlplane, tmp_path):
     namespace = f"manifests-{uuid.uuid4().hex[:8]}"
     subprocess.run([*kubectl, "create", "namespace", namespace], check=True, capture_output=True, timeout=60)
     try:
-        docs = for_1_20(namespace)
-        assert {doc["kind"] for doc in docs} == KINDS_IN_1_20
+        docs = core_objects(namespace)
+        assert {doc["kind"] for doc in docs} == CORE_KINDS
         path = tmp_path / "objects.yaml"
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
         result = subprocess.run([*kubectl, "apply", "--dry-run=server", "-f", str(path)],

@@ -67,11 +67,19 @@ class NodeCache:
         return node
 
 
+# After an outage bind resyncs by itself: the adapter drops an event after six deliveries in
+# 3.1 s, so the pods whose events came while the API server was down would otherwise wait for
+# the next PingSource tick, up to a minute.
+RECOVERY_FIRST_PROBE = 0.25
+RECOVERY_MAX_PROBE = 4.0
+
+
 class Placer:
     def __init__(self, api: Kube | None, problem: str = "", workers: int = 8):
         self.api = api
         self.problem = problem
         self.workers = workers
+        self._recovering = threading.Lock()  # held while a recovery thread runs: one at a time
         if api is not None:
             self.nodes = NodeCache(api)
             self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
@@ -146,6 +154,7 @@ class Placer:
             result["message"] = message
         if outcome == RETRY:
             result["retry"] = True
+            self._recover_after_outage()
         return result
 
     def _bind(self, bind: Bind) -> tuple[str, str]:
@@ -180,8 +189,11 @@ class Placer:
             pods = self.api.list_pods(PENDING_SELECTOR)
         except ApiException as error:
             outcome = failure_outcome(error.status or 0)
+            if outcome == RETRY:
+                self._recover_after_outage()
             return {"result": outcome, "retry": outcome == RETRY, "message": _api_message(error)}
         except urllib3.exceptions.HTTPError as error:
+            self._recover_after_outage()
             return {"result": RETRY, "retry": True, "message": f"Kubernetes API unreachable: {error}"}
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             outcomes = list(pool.map(self.place, pods))
@@ -191,3 +203,25 @@ class Placer:
         bound = [outcome["pod"] for outcome in outcomes if outcome["result"] == BOUND]
         log.info("resync", extra={"pending": len(pods), "outcomes": counts})
         return {"result": "resynced", "pending": len(pods), "outcomes": counts, "bound": bound}
+
+    # -- after an outage -------------------------------------------------------------------
+    def _recover_after_outage(self) -> None:
+        """bind saw the API server fail: once it answers again, resync without waiting for a ping.
+        Started on demand (functions-framework forks after import: threads made then would die)."""
+        if self.api is None or not self._recovering.acquire(blocking=False):
+            return
+        threading.Thread(target=self._recover, name="recover-after-outage", daemon=True).start()
+
+    def _recover(self) -> None:
+        try:
+            delay = RECOVERY_FIRST_PROBE
+            while True:
+                time.sleep(delay)
+                outcome = self.resync()  # its own failures start no other recovery: the lock is held
+                if not outcome.get("retry") and not outcome.get("outcomes", {}).get(RETRY):
+                    log.info("recovered", extra={"decision": "Recovered", "pending": outcome.get("pending"),
+                                                 "outcomes": outcome.get("outcomes")})
+                    return
+                delay = min(delay * 2, RECOVERY_MAX_PROBE)
+        finally:
+            self._recovering.release()
