@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functio
 
 venv: $(VENV)/.installed
 
-controlplane:  ## build kube-apiserver, kube-controller-manager, kubectl 1.20.2 once; install etcd
+controlplane:  ## build Kubernetes 1.34, fetch etcd, containerd, runc, CNI plugins (once, cached)
 	@bash localcp/build.sh
 
 demo: venv controlplane  ## the seed StatefulSet, placed on the local control plane

@@ -271,6 +271,62 @@ def peak_rss_mb(pid: int) -> float:
     return max(peaks)
 
 
+# -- 5. real nodes --------------------------------------------------------------------------------
+NODE_PROCESSES = ("kubelet", "containerd", "containerd-shim")
+
+
+def seed_on_real_nodes(stack: LocalStack) -> dict:
+    """check/statefulset.yaml as shipped, in a fresh namespace: from its creation to each replica
+    bound, and to the fifth replica Running (its container started by its node's kubelet)."""
+    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    manifest = __import__("yaml").safe_load((REPO / "check" / "statefulset.yaml").read_text())
+    manifest["metadata"]["namespace"] = namespace
+    started = time.perf_counter()
+    stack.apply(manifest)
+    bound_at = running_at = None
+    while running_at is None and time.perf_counter() - started < 120:
+        items = json.loads(stack.api.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
+        now = time.perf_counter() - started
+        if bound_at is None and len(items) == 5 and all(p["spec"].get("nodeName") for p in items):
+            bound_at = now
+        if len(items) == 5 and all(p["status"].get("phase") == "Running" for p in items):
+            running_at = now
+        time.sleep(0.05)
+    return {"all_bound_s": bound_at, "fifth_running_s": running_at}
+
+
+def node_memory_mb(stack: LocalStack) -> dict:
+    """Resident memory (VmRSS) of what the four nodes run, by kind: kubelets, containerds, and the
+    shims of the pods running then (one per pod)."""
+    kubelets = {stack.cp.processes[node.kubelet].pid for node in stack.nodes.nodes.values()}
+    containerds = {stack.cp.processes[node.containerd].pid for node in stack.nodes.nodes.values()}
+    shims = {pid for node in stack.nodes.nodes.values() for pid in node._shims()}
+    totals = {}
+    for kind, pids in (("kubelet", kubelets), ("containerd", containerds), ("containerd-shim", shims)):
+        rss = []
+        for pid in pids:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss.append(int(line.split()[1]) / 1024)
+        totals[kind] = {"count": len(rss), "total_mb": sum(rss), "each_max_mb": max(rss, default=0)}
+    return totals
+
+
+def real_nodes(reps: int) -> dict:
+    """Four nodes from nothing to Ready (containerds started, images imported, kubelets registered
+    and Ready, GPUs advertised, not-ready taint gone), over `reps` fresh stacks; the seed
+    StatefulSet and the nodes' memory in the first."""
+    ready, figures = [], {}
+    for rep in range(reps):
+        with LocalStack(real_nodes=True) as stack:
+            ready.append(stack.nodes.ready_seconds)
+            if rep == 0:
+                figures["seed"] = seed_on_real_nodes(stack)
+                figures["memory"] = node_memory_mb(stack)
+    figures["four_nodes_ready_s"] = ready
+    return figures
+
+
 # -- the run --------------------------------------------------------------------------------------
 def machine(stack: LocalStack) -> dict:
     version = json.loads(stack.cp.get("/version"))
@@ -312,6 +368,16 @@ def table(results: dict) -> str:
             statistics.median(c) <= 1)
     for target, mb in results["peak_rss_mb"].items():
         row(f"peak RSS: {target} (MB)", f"{mb:.1f}", "<= 80 MB", mb <= 80)
+    r = results.get("real_nodes")
+    if r:
+        rows.append(f"{'real nodes: four Ready from start (median s)':<58} {statistics.median(r['four_nodes_ready_s']):>18.1f}"
+                    f"   (runs: {', '.join(f'{t:.1f}' for t in r['four_nodes_ready_s'])})")
+        seed = r["seed"]
+        rows.append(f"{'real nodes: seed StatefulSet created -> 5 bound / 5th Running (s)':<58} "
+                    f"{seed['all_bound_s'] or float('nan'):>8.2f} / {seed['fifth_running_s'] or float('nan'):.2f}")
+        for kind, m in r["memory"].items():
+            label = f"real nodes: RSS of {m['count']} {kind} (MB total, largest)"
+            rows.append(f"{label:<58} {m['total_mb']:>10.0f}, {m['each_max_mb']:.0f}")
     return "\n".join(rows)
 
 
@@ -341,6 +407,8 @@ def main() -> int:
     with LocalStack() as stack:
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
         results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
+    print("bench: real nodes (kubelet + containerd)", flush=True)
+    results["real_nodes"] = real_nodes(1 if args.smoke else 3)
     out = RESULTS / ("results-smoke.json" if args.smoke else "results.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nmachine: {results['machine']}")

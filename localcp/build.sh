@@ -23,36 +23,24 @@ COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubele
 log() { echo "control plane: $*"; }
 have_k8s() { for b in "${COMPONENTS[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
 have_etcd() { [ -x "$ETCD_DIR/bin/etcd" ]; }
+# Real nodes: containerd, runc, CNI plugins and the check image's base (a sibling script).
+bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
 if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
 
 for tool in go python3 apt-get dpkg; do
   command -v "$tool" >/dev/null || { log "$tool is required"; exit 1; }
 done
 
-# The first Debian mirror that the machine's apt sources name for its main archive.
-debian_mirror() {
-  local uri
-  uri=$(awk 'tolower($1)=="uris:" {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [ -n "$uri" ] || uri=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
-  [ -n "$uri" ] || { log "no Debian mirror found in /etc/apt/sources.list{,.d}"; exit 1; }
-  echo "$uri"
-}
+# shellcheck source=localcp/debian.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
 
 build_etcd() {
-  local apt="$ETCD_DIR/apt" mirror start=$SECONDS
-  mirror=$(debian_mirror)
-  rm -rf "$ETCD_DIR"; mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$ETCD_DIR/bin"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $ETCD_SUITE main" >"$apt/sources.list"
-  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/none"
-              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Get::List-Cleanup=0"
-              -o "APT::Sandbox::User=$(id -un)")  # the private state belongs to us, not to _apt
-  log "etcd: apt-get update for $ETCD_SUITE (private state in $apt)"
-  apt-get "${opts[@]}" update -qq
-  (cd "$apt" && apt-get "${opts[@]}" download -qq etcd-server)
-  dpkg -x "$apt"/etcd-server_*.deb "$apt/root"
-  cp "$apt/root/usr/bin/etcd" "$ETCD_DIR/bin/etcd"
-  rm -rf "$apt"
+  local start=$SECONDS
+  rm -rf "$ETCD_DIR"; mkdir -p "$ETCD_DIR/bin"
+  log "etcd: etcd-server from Debian $ETCD_SUITE (private apt state in $ETCD_DIR/fetch)"
+  debian_unpack "$ETCD_SUITE" "$ETCD_DIR/fetch" etcd-server
+  cp "$ETCD_DIR/fetch/root/usr/bin/etcd" "$ETCD_DIR/bin/etcd"
+  rm -rf "$ETCD_DIR/fetch"
   log "etcd: $("$ETCD_DIR/bin/etcd" --version | head -1) in $((SECONDS - start))s"
 }
 

@@ -2,9 +2,13 @@
 kube-controller-manager and kube-scheduler, at the users' version (KUBERNETES_VERSION, the kind node
 image's), built by localcp/build.sh.
 
-No kubelet runs: Node objects are created by us and their Ready condition is kept fresh by a
-heartbeat thread, so the node-lifecycle controller treats them as healthy. Pods get bound but
-never run. kube-scheduler runs as in any cluster: it places pods of the default scheduler only.
+Nodes come in two kinds. By default no kubelet runs: Node objects are created by us and their
+Ready condition is kept fresh by a heartbeat thread, so the node-lifecycle controller treats them
+as healthy; pods get bound but never run (cheap: tests with hundreds of pods use these). With
+`kubelets` (node name -> loopback address), real kubelets (localcp/nodes.py) register the nodes
+themselves, and the API server reaches each by its Hostname, which it resolves to that address in
+a private /etc/hosts (its own mount namespace: the machine's /etc/hosts is not touched).
+kube-scheduler runs as in any cluster: it places pods of the default scheduler only.
 """
 from __future__ import annotations
 
@@ -66,8 +70,9 @@ class ProcessFailed(RuntimeError):
 
 
 class ControlPlane:
-    def __init__(self, workdir: Path | None = None):
+    def __init__(self, workdir: Path | None = None, kubelets: dict[str, str] | None = None):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpu-scheduler-cp-"))
+        self.kubelets = kubelets or {}
         self.processes: dict[str, subprocess.Popen] = {}
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -85,7 +90,8 @@ class ControlPlane:
             self._start_apiserver()
             self._start_controller_manager()
             self._start_scheduler()
-            self._create_nodes()
+            if not self.kubelets:
+                self._create_nodes()
         except BaseException:
             self.stop()
             raise
@@ -205,7 +211,7 @@ class ControlPlane:
         self._start_apiserver()
 
     def _start_apiserver(self) -> None:
-        self._spawn("kube-apiserver", [
+        argv = [
             str(BIN / "kube-apiserver"), "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", str(self.api_port),
@@ -216,10 +222,26 @@ class ControlPlane:
             "--api-audiences", "https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range", "10.96.0.0/16", "--authorization-mode", "Node,RBAC",
             "--endpoint-reconciler-type", "none", "--profiling=false", "--v=1",
-        ])
+            # logs, exec: the API server calls kubelets with the admin client certificate
+            "--kubelet-client-certificate", str(self.admin[1]), "--kubelet-client-key", str(self.admin[0]),
+        ]
+        if self.kubelets:
+            argv = self._with_node_hosts(argv + ["--kubelet-preferred-address-types", "Hostname"])
+        self._spawn("kube-apiserver", argv)
         self._wait("kube-apiserver", lambda: self.get("/readyz") == b"ok", "/readyz", timeout=90)
 
+    def _with_node_hosts(self, argv: list[str]) -> list[str]:
+        """argv in a mount namespace of its own whose /etc/hosts also names the kubelets (the
+        kubelet refuses a loopback node IP, so the API server reaches them by Hostname)."""
+        hosts = self.workdir / "hosts"
+        hosts.write_text(Path("/etc/hosts").read_text() + "".join(
+            f"{address} {name}\n" for name, address in self.kubelets.items()))
+        return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
+
     def _start_controller_manager(self) -> None:
+        # With kubelets, Ready comes from their leases (renewed every 5 s): NotReady after 20 s.
+        grace = ["--node-monitor-grace-period", "20s"] if self.kubelets else []
         self._spawn("kube-controller-manager", [
             str(BIN / "kube-controller-manager"), "--kubeconfig", str(self.kubeconfig),
             "--authentication-kubeconfig", str(self.kubeconfig), "--authorization-kubeconfig", str(self.kubeconfig),
@@ -229,7 +251,7 @@ class ControlPlane:
             "--cluster-signing-cert-file", str(self.ca[1]), "--cluster-signing-key-file", str(self.ca[0]),
             "--controllers", "*,-csrsigning,-csrapproving,-csrcleaner,-bootstrapsigner,-tokencleaner",
             "--concurrent-statefulset-syncs", "10",
-            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v=1",
+            "--kube-api-qps", "200", "--kube-api-burst", "400", "--v=1", *grace,
         ])
         # The serviceaccount controller creates each namespace's default account once it runs.
         self._wait("kube-controller-manager", lambda: self.service_account_ready("kube-system"),

@@ -20,6 +20,7 @@ from kubernetes import client, config
 from . import pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
 from .eventsource import ApiServerSource, Sender, ping_headers
+from .nodes import Nodes, node_addresses
 
 PYTHON = sys.executable
 WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
@@ -27,8 +28,14 @@ BIND_ACCOUNT = ("gpu-scheduler", "bind")
 
 
 class LocalStack:
-    def __init__(self, webhook: bool = True, event_source: bool = True, **source_options):
-        self.cp = ControlPlane()
+    def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
+                 **source_options):
+        """real_nodes: node1..node4 are kubelets with containerd that run the pods
+        (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
+        Pending (enough for placement, and cheap for hundreds of pods)."""
+        self.cp = ControlPlane(kubelets=node_addresses() if real_nodes else None)
+        self.real_nodes = real_nodes
+        self.nodes: Nodes | None = None
         self.webhook = webhook
         self.event_source = event_source
         self.source_options = source_options
@@ -41,6 +48,8 @@ class LocalStack:
     def __enter__(self) -> "LocalStack":
         try:
             self.cp.start()
+            if self.real_nodes:
+                self.nodes = Nodes(self.cp).start()
             self.api = self._admin_api()
             self._start_mutate()
             if self.webhook:
@@ -56,6 +65,8 @@ class LocalStack:
     def __exit__(self, *exc) -> None:
         if self.source:
             self.source.stop()
+        if self.nodes:
+            self.nodes.stop()  # pods deleted through the API first, then kubelets and containerds
         self.cp.__exit__(*exc)
 
     # -- clients ---------------------------------------------------------------------------

@@ -109,6 +109,16 @@ def stack():
         yield running
 
 
+@pytest.fixture(scope="module")
+def real_stack():
+    """The stack with node1..node4 as real kubelets with containerd (localcp/nodes.py), for the
+    tests of what runs. Per module: it is torn down (pods first) before other modules go on."""
+    from localcp.stack import LocalStack
+
+    with LocalStack(real_nodes=True) as running:
+        yield running
+
+
 @pytest.fixture(scope="session")
 def controlplane(stack):
     """The API server, for tests that drive it with kubectl: kubeconfig path and kubectl binary."""
@@ -128,5 +138,5 @@ def namespace(stack, request) -> str:
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if {"stack", "controlplane"} & set(getattr(item, "fixturenames", ())):
+        if {"stack", "controlplane", "real_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.controlplane)

@@ -48,7 +48,7 @@ def test_seed_statefulset_is_placed_with_its_devices(stack, namespace):
     for pod in pods:
         assert env_of(pod)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert pod["metadata"]["labels"]["gpu-scheduler/managed"] == "true"
-        assert pod["status"]["phase"] == "Pending"  # bound, not run: no kubelet here
+        assert pod["status"]["phase"] == "Pending"  # bound, not run: these nodes have no kubelet (test_nodes.py runs them)
 
 
 def test_malformed_map_is_denied_with_the_line(stack, namespace):
