@@ -223,5 +223,7 @@ class Placer:
                                                  "outcomes": outcome.get("outcomes")})
                     return
                 delay = min(delay * 2, RECOVERY_MAX_PROBE)
+        except Exception:  # a bug: say so and stop; the next failure or ping starts afresh
+            log.exception("recovery after an outage failed")
         finally:
             self._recovering.release()
