@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
+from .fit import node_affinity
 from .devices import CUDA, ModeError, device_env, device_mode, device_warnings
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 
@@ -167,6 +168,10 @@ def decide(review: Review, default_mode: str = CUDA) -> Decision:
                         (*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
                         reason=why.reason)
     warnings += [f"{SCHEDULER_NAME}: {message}" for _, message in device_warnings(pod, resolved)]
+    # What bind will say (NodeAffinity), known from the node's name alone: said now, not at bind.
+    contradiction = node_affinity(pod, resolved.placement.node)
+    if contradiction:
+        warnings.append(f"{SCHEDULER_NAME}: {contradiction}; the pod will stay Pending")
     patch = patch_for(pod, device_env(resolved.placement, mode))
     return Decision(True, tuple(patch), tuple(warnings), reason="Placed")
 

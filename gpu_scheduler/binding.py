@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from . import SCHEDULER_NAME
 from .devices import device_warnings
+from .fit import DEVICES_ANNOTATION
 from .placement import NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import Placement
 
@@ -94,11 +95,14 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
 
 def binding_for(bind: Bind) -> dict[str, Any]:
     """The Binding body. The UID precondition makes the API server refuse to bind a pod that
-    was deleted and re-created under the same name since the decision was made."""
+    was deleted and re-created under the same name since the decision was made. Its annotation,
+    which the API server copies onto the pod in the same write, records the devices placed: what
+    GPU accounting counts for this pod from then on."""
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid},
+        "metadata": {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid,
+                     "annotations": {DEVICES_ANNOTATION: ",".join(bind.devices)}},
         "target": {"apiVersion": "v1", "kind": "Node", "name": bind.node},
     }
 

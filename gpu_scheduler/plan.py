@@ -3,7 +3,7 @@
 A workload (StatefulSet, Job, Pod) becomes the pods its controller will create, each as it will be
 created (name, index label or annotation), and each pod goes through the same functions admission
 and bind use: `placement.resolve`, `devices.device_env`, `devices.device_warnings`,
-`binding.bind_decision`, `nodecheck.node_problem`. The plugin (kubectl_gpu_scheduler/) only reads
+`binding.bind_decision`, `fit.bind_problem`. The plugin (kubectl_gpu_scheduler/) only reads
 files and the API and formats what these functions return.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
-from .nodecheck import node_problem
+from .fit import AFFINITY_REASON, bind_problem, node_affinity
 from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
 from .podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL
 from .schedmap import MapError, Placement, parse_map
@@ -25,9 +25,6 @@ from .schedmap import MapError, Placement, parse_map
 MAX_REPLICAS = 10_000
 STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-# kube-scheduler's NodeAffinity reason, so users recognise it.
-AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
 # Row problems beyond placement's (MalformedMap, UnknownIndex, NoMapEntry).
 NODE_AFFINITY = "NodeAffinity"
 NOT_OUR_SCHEDULER = "NotOurScheduler"
@@ -173,86 +170,6 @@ def pod_name(pod: Mapping[str, Any]) -> str:
     return meta.get("name") or f"{meta.get('generateName') or ''}*"
 
 
-# -- node selectors, as far as they can be known ------------------------------------------------
-def _requirement(requirement: Mapping[str, Any], value: str | None, known: bool) -> bool | None:
-    """A NodeSelectorRequirement against one label (or field) value; None: cannot be known."""
-    if not known:
-        return None
-    operator, values = requirement.get("operator"), requirement.get("values") or []
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except (TypeError, ValueError):
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False
-
-
-def _all(results: Iterable[bool | None]) -> bool | None:
-    results = list(results)
-    return False if False in results else (None if None in results else True)
-
-
-def _term(term: Any, node: str, labels: Mapping[str, str] | None) -> bool | None:
-    if not isinstance(term, Mapping):
-        return False
-    expressions = [e for e in term.get("matchExpressions") or [] if isinstance(e, Mapping)]
-    fields = [f for f in term.get("matchFields") or [] if isinstance(f, Mapping)]
-    if not expressions and not fields:
-        return False  # an empty term matches no node
-    return _all([_label(e.get("key"), node, labels, e) for e in expressions]
-                + [_requirement(f, node, f.get("key") == "metadata.name") for f in fields])
-
-
-def _label(key: Any, node: str, labels: Mapping[str, str] | None, requirement: Mapping[str, Any]) -> bool | None:
-    if labels is not None:
-        return _requirement(requirement, labels.get(key), True)
-    return _requirement(requirement, node, key == HOSTNAME_LABEL)
-
-
-def affinity_contradiction(pod: Mapping[str, Any], node: str, labels: Mapping[str, str] | None = None) -> str | None:
-    """Why the pod's nodeSelector or required node affinity excludes `node` (None: it does not,
-    or cannot be known). With `labels` None (no node object at hand) only what the name tells is
-    known: `metadata.name` fields and the `kubernetes.io/hostname` label, taken to be the name.
-
-    Placeholder for the NodeAffinity check of the fit work (issue 9), which sees the whole node."""
-    pod_spec = spec(pod)
-    selector = pod_spec.get("nodeSelector")
-    if isinstance(selector, Mapping) and selector:
-        met = _all(_label(k, node, labels, {"operator": "In", "values": [v]}) for k, v in selector.items())
-        if met is False:
-            shown = ", ".join(f"{k}={v}" for k, v in selector.items())
-            return f"{AFFINITY_REASON}: nodeSelector {{{shown}}} excludes node {node}"
-    affinity = pod_spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node_affinity, Mapping) else None
-    if isinstance(required, Mapping):
-        terms = required.get("nodeSelectorTerms")
-        terms = terms if isinstance(terms, list) else []
-        results = [_term(t, node, labels) for t in terms]
-        if True not in results and None not in results:
-            return f"{AFFINITY_REASON}: no term of requiredDuringSchedulingIgnoredDuringExecution matches node {node}"
-    return None
-
-
-# -- what bind decides now ----------------------------------------------------------------------
-def bind_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
-                 pods_on_node: Iterable[Mapping[str, Any]] = ()) -> str | None:
-    """Why bind would not bind `pod` to `node` now (None: it would), given the pods already on it.
-
-    The one seam for the fit and GPU-accounting checks (issue 9): they take the pod, the node and
-    `pods_on_node` and are to be called here, so the plugin's --cluster and explain say what bind says."""
-    return node_problem(pod, node, placement)
-
-
 # -- a plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Note:
@@ -315,7 +232,7 @@ def _row(pod: Mapping[str, Any], index: int | None) -> Row:
     except NotPlaceable as why:
         return Row(index, name, problems=(*problems, Note(why.reason, why.message)), pod_object=pod)
     placement = resolved.placement
-    contradiction = affinity_contradiction(pod, placement.node)
+    contradiction = node_affinity(pod, placement.node)
     if contradiction:
         problems.append(Note(NODE_AFFINITY, contradiction))
     annotations = metadata(pod).get("annotations") or {}

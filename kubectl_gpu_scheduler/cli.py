@@ -99,7 +99,7 @@ def _cluster_check(cluster, row: core.Row) -> core.Note | None:
     if problem:
         return core.Note(core.UNSCHEDULABLE, problem)
     labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    contradiction = core.affinity_contradiction(row.pod_object, row.node, labels)
+    contradiction = core.node_affinity(row.pod_object, row.node, labels)
     if contradiction and contradiction not in (p.message for p in row.problems):
         return core.Note(core.NODE_AFFINITY, contradiction)
     return None

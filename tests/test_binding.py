@@ -64,10 +64,11 @@ def test_unplaceable_pods_say_why(p, reason, needle):
     assert decision.pod == f"ns/{p['metadata']['name']}"
 
 
-def test_binding_body_carries_the_uid_precondition():
+def test_binding_body_carries_the_uid_precondition_and_the_device_record():
     body = binding_for(bind_decision(pod("w-1")))
     assert body == {"apiVersion": "v1", "kind": "Binding",
-                    "metadata": {"name": "w-1", "namespace": "ns", "uid": "uid-w-1"},
+                    "metadata": {"name": "w-1", "namespace": "ns", "uid": "uid-w-1",
+                                 "annotations": {"gpu-scheduler/devices": "2"}},
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "node2"}}
 
 

@@ -235,7 +235,7 @@ def name_field(operator, *values):
     ({"nodeSelector": "junk", "affinity": ["junk"]}, False),
 ])
 def test_contradictions_known_from_the_node_name(pod_spec, contradicts):
-    found = core.affinity_contradiction(pod_with(**pod_spec), "node1")
+    found = core.node_affinity(pod_with(**pod_spec), "node1")
     assert (found is not None) == contradicts
     if found:
         assert found.startswith(core.AFFINITY_REASON)
@@ -249,7 +249,7 @@ def test_contradictions_known_from_the_node_name(pod_spec, contradicts):
 ])
 def test_with_the_nodes_labels_every_operator_is_decided(operator, values, labels, matches):
     pod = pod_with(affinity=required({"matchExpressions": [{"key": "zone", "operator": operator, "values": values}]}))
-    assert (core.affinity_contradiction(pod, "n", labels) is None) == matches
+    assert (core.node_affinity(pod, "n", labels) is None) == matches
 
 
 KEYS = st.sampled_from(["kubernetes.io/hostname", "zone", "gpu"])
@@ -273,8 +273,8 @@ def test_what_the_name_tells_never_contradicts_the_whole_node(selector, terms, z
     (whose hostname label is its name), whatever its other labels."""
     pod = pod_with(nodeSelector=selector, **({"affinity": required(*terms)} if terms is not None else {}))
     labels = {"kubernetes.io/hostname": "node1", **({"zone": zone} if zone else {}), **({"gpu": gpu} if gpu else {})}
-    if core.affinity_contradiction(pod, "node1") is not None:
-        assert core.affinity_contradiction(pod, "node1", labels) is not None
+    if core.node_affinity(pod, "node1") is not None:
+        assert core.node_affinity(pod, "node1", labels) is not None
 
 
 def test_a_contradiction_makes_the_row_not_placeable():
