@@ -122,8 +122,9 @@ class Kube:
     def bind(self, namespace: str, name: str, binding: dict) -> dict:
         return self._call("POST", self._pod(namespace, name) + "/binding", binding)
 
-    def read_pod(self, namespace: str, name: str) -> dict:
-        return self._call("GET", self._pod(namespace, name))
+    def read_pod(self, namespace: str, name: str, cached: bool = False) -> dict:
+        """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""
+        return self._call("GET", self._pod(namespace, name), query={"resourceVersion": "0"} if cached else None)
 
     def list_pods(self, field_selector: str) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]

@@ -57,6 +57,7 @@ class FakeApi:
 def placer_with(**script) -> tuple[Placer, FakeApi]:
     script.setdefault("read_node", [NODE])
     script.setdefault("bind", [{}])
+    script.setdefault("list_pods", [[]])
     api = FakeApi(**script)
     return Placer(api), api
 
@@ -162,3 +163,68 @@ def test_resync_retries_when_the_listing_fails_and_places_what_it_lists():
 
 def test_the_client_makes_exactly_the_calls_rbac_grants():
     assert set(CALLS.values()) == permissions.BIND | permissions.PLUGIN
+
+
+# -- an event is a trigger: the pod is read as the API server has it ---------------------------------
+def event_placed(placer: Placer, event_pod=POD) -> dict:
+    result = placer.place_event(copy.deepcopy(event_pod))
+    placer.recorder.flush()
+    return result
+
+
+def test_an_event_is_placed_from_the_live_pod_read_from_the_watch_cache():
+    live = copy.deepcopy(POD)
+    live["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:2"
+    placer, api = placer_with(read_pod=[live])
+    assert event_placed(placer)["result"] == "Bound"
+    (args, kwargs), = api.called("read_pod")
+    assert args == ("default", "gpu-scheduler-check-0") and kwargs == {"cached": True}
+    ((_, _, body), _), = api.called("bind")
+    assert body["metadata"]["annotations"] == {"gpu-scheduler/devices": "2"}  # the live map's entry
+
+
+def test_a_pod_not_yet_in_the_watch_cache_is_read_from_etcd():
+    placer, api = placer_with(read_pod=[api_error(404), copy.deepcopy(POD)])
+    assert event_placed(placer)["result"] == "Bound"
+    assert [kwargs for _, kwargs in api.called("read_pod")] == [{"cached": True}, {}]
+
+
+@pytest.mark.parametrize("answers, outcome", [
+    ([api_error(404), api_error(404)], "PodGone"),
+    ([{"metadata": {"uid": "another"}, "spec": {"schedulerName": "gpu-scheduler"}}], "PodReplaced"),
+    ([api_error(503)], "Retry"),
+    ([api_error(403)], "APIError"),
+])
+def test_what_the_live_read_says_decides(answers, outcome):
+    placer, api = placer_with(read_pod=answers)
+    assert event_placed(placer)["result"] == outcome
+    assert api.called("bind") == []
+
+
+def test_an_event_for_a_pod_not_ours_reads_nothing():
+    other = copy.deepcopy(POD)
+    other["spec"]["schedulerName"] = "default-scheduler"
+    placer, api = placer_with()
+    assert event_placed(placer, other)["result"] == "ignored"
+    assert api.calls == []
+
+
+def test_a_pod_that_does_not_fit_is_unschedulable_and_not_bound():
+    holder = {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder",
+                           "annotations": {"gpu-scheduler/devices": "1"}},
+              "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
+    placer, api = placer_with(list_pods=[[holder]])
+    result = placed(placer)
+    assert result["result"] == "Unschedulable" and result["message"].startswith("GPU 1 on node1 is held by team-a/train-0")
+    assert api.called("bind") == [] and api.called("list_pods")[0][0] == ("spec.nodeName=node1",)
+
+
+def test_pings_that_come_while_a_resync_runs_coalesce_into_one_more():
+    placer, api = placer_with(list_pods=[[]])
+    placer._resyncing.acquire()  # a resync is running
+    assert placer.resync()["result"] == "coalesced"
+    assert placer.resync()["result"] == "coalesced"
+    assert api.called("list_pods") == []
+    placer._resyncing.release()
+    assert placer.resync()["result"] == "resynced"
+    assert len(api.called("list_pods")) == 1

@@ -66,7 +66,7 @@ def _handle(request: Request):
             pod = check_pod(event.data)
         except EventError as error:
             return _reply(400, kind, error=f"malformed {kind} event {event['id']}: {error}")
-        outcome = placer.place(pod)
+        outcome = placer.place_event(pod)
     else:
         log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
         return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")

@@ -1,6 +1,7 @@
 """The Kubernetes side of bind: one API client, reused; calls out, outcomes back."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,13 +16,13 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler.binding import (
-    ALREADY_BOUND, API_ERROR, BOUND, PENDING_SELECTOR, RETRY, Bind, Ignore, Unplaceable, bind_decision,
+    ALREADY_BOUND, API_ERROR, BOUND, GONE, PENDING_SELECTOR, REPLACED, RETRY, Bind, Ignore, Unplaceable, bind_decision,
     binding_for, conflict_outcome, failure_outcome,
 )
 from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
-from gpu_scheduler.nodecheck import node_problem
+from gpu_scheduler.fit import NodeInfo, PodInfo, bind_problem
 from kubeapi.client import Kube, load_configuration
 from recorder import Recorder
 
@@ -67,6 +68,66 @@ class NodeCache:
         return node
 
 
+class NodePods:
+    """What the pods on each node occupy (fit.NodeInfo), listed with `fieldSelector=spec.nodeName`
+    (the API server answers from its watch cache) and kept `ttl` seconds, plus the pods this
+    instance is binding or has bound since that listing: kube-scheduler's "assumed" pods, so two
+    placements of this instance never count the same free cpu or GPU twice.
+
+    `reserve` is check-and-assume in one step under one lock: the check is pure and takes well
+    under a millisecond, the listing happens outside the lock."""
+
+    def __init__(self, api, ttl: float = 1.0):
+        self.api, self.ttl = api, ttl
+        self._listed: dict[str, tuple[float, NodeInfo]] = {}  # node -> (listing started, info)
+        self._assumed: dict[str, dict[str, tuple[float, PodInfo]]] = {}  # node -> uid -> (bound at, info)
+        self._lock = threading.Lock()
+
+    def _listing(self, node: str) -> tuple[float, NodeInfo]:
+        with self._lock:
+            listed = self._listed.get(node)
+        if listed and time.monotonic() - listed[0] < self.ttl:
+            return listed
+        started = time.monotonic()
+        info = NodeInfo.of(self.api.list_pods(f"spec.nodeName={node}"))
+        with self._lock:
+            current = self._listed.get(node)
+            if current is None or current[0] < started:
+                self._listed[node] = (started, info)
+                # A listing that started after a bind completed shows that pod (or its deletion).
+                assumed = self._assumed.get(node, {})
+                for uid in [uid for uid, (at, _) in assumed.items() if at < started]:
+                    del assumed[uid]
+            return self._listed[node]
+
+    def reserve(self, node: str, check, assumed: PodInfo) -> str | None:
+        """Run `check(NodeInfo) -> problem | None` on the node as listed plus the pods assumed on
+        it; when it passes, assume `assumed` there until a later listing shows it."""
+        _, listed = self._listing(node)
+        with self._lock:
+            extra = [info for uid, (_, info) in self._assumed.get(node, {}).items()
+                     if uid != assumed.uid and not any(p.uid == uid for p in listed.pods)]
+            problem = check(NodeInfo.of(listed.pods + tuple(extra)) if extra else listed)
+            if problem is None:
+                self._assumed.setdefault(node, {})[assumed.uid] = (float("inf"), assumed)
+            return problem
+
+    def bound(self, node: str, uid: str) -> None:
+        with self._lock:
+            entry = self._assumed.get(node, {}).get(uid)
+            if entry:
+                self._assumed[node][uid] = (time.monotonic(), entry[1])
+
+    def forget(self, node: str, uid: str) -> None:
+        with self._lock:
+            self._assumed.get(node, {}).pop(uid, None)
+
+    def invalidate(self) -> None:
+        """A resync looks again: pods deleted since the last listing free their node at once."""
+        with self._lock:
+            self._listed.clear()
+
+
 # After an outage bind resyncs by itself: the adapter drops an event after six deliveries in
 # 3.1 s, so the pods whose events came while the API server was down would otherwise wait for
 # the next PingSource tick, up to a minute.
@@ -80,8 +141,11 @@ class Placer:
         self.problem = problem
         self.workers = workers
         self._recovering = threading.Lock()  # held while a recovery thread runs: one at a time
+        self._resyncing = threading.Lock()  # one resync at a time; pings meanwhile coalesce
+        self._resync_wanted = threading.Event()
         if api is not None:
             self.nodes = NodeCache(api)
+            self.node_pods = NodePods(api)
             self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
 
     @classmethod
@@ -98,7 +162,38 @@ class Placer:
         return self.api is not None
 
     # -- one pod ---------------------------------------------------------------------------
+    def place_event(self, event_pod: Mapping[str, Any]) -> dict[str, Any]:
+        """An add/update event is a trigger, not the truth: anyone who reaches bind can send one.
+        A pod the event shows as not ours to place is ignored as it is (ignoring does nothing);
+        any other is read as the API server has it now (its watch cache; etcd if the cache does
+        not have it yet), and placed from that: its map, UID, scheduler name and node."""
+        decision = bind_decision(event_pod)
+        if isinstance(decision, Ignore):
+            OUTCOMES.labels("Ignored").inc()
+            log.debug("ignored", extra={"decision": "Ignored", "why": decision.why})
+            return {"result": "ignored", "why": decision.why}
+        ref = PodRef.of(event_pod)
+        if self.api is None:
+            return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
+        try:
+            try:
+                live = self.api.read_pod(ref.namespace, ref.name, cached=True)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                live = self.api.read_pod(ref.namespace, ref.name)  # created after the cache's view
+        except ApiException as error:
+            if error.status == 404:
+                return self._report(ref, GONE, "the pod does not exist")
+            return self._report(ref, failure_outcome(error.status or 0), f"reading the pod: {_api_message(error)}")
+        except urllib3.exceptions.HTTPError as error:
+            return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
+        if (live.get("metadata") or {}).get("uid") != ref.uid:
+            return self._report(ref, REPLACED, "the event's pod was deleted; a pod of the same name has another UID")
+        return self.place(live)
+
     def place(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Place a pod as the API server has it (an event's pod goes through place_event)."""
         decision = bind_decision(pod)
         if isinstance(decision, Ignore):
             OUTCOMES.labels("Ignored").inc()
@@ -111,11 +206,15 @@ class Placer:
             self._unschedulable(ref, decision.message)
             return self._report(ref, decision.reason, decision.message)
         started = time.perf_counter()
+        assumed = dataclasses.replace(PodInfo.of(pod), devices=decision.devices)
         try:
-            problem = node_problem(pod, self.nodes.get(decision.node), decision.placement)
+            node = self.nodes.get(decision.node)
+            problem = (bind_problem(pod, None, decision.placement) if node is None else
+                       self.node_pods.reserve(decision.node,
+                                              lambda info: bind_problem(pod, node, decision.placement, info), assumed))
         except ApiException as error:
             outcome = failure_outcome(error.status or 0)
-            return self._failed(ref, decision, outcome, f"reading node {decision.node}: {_api_message(error)}")
+            return self._failed(ref, decision, outcome, f"reading node {decision.node} or its pods: {_api_message(error)}")
         except urllib3.exceptions.HTTPError as error:
             return self._failed(ref, decision, RETRY, f"Kubernetes API unreachable: {error}")
         if problem:
@@ -123,6 +222,10 @@ class Placer:
             return self._report(ref, UNSCHEDULABLE, problem, decision.node)
         outcome, message = self._bind(decision)
         LATENCY.observe(time.perf_counter() - started)
+        if outcome == BOUND:
+            self.node_pods.bound(decision.node, decision.uid)
+        else:
+            self.node_pods.forget(decision.node, decision.uid)
         if outcome == BOUND:
             self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, decision.node), "Binding")
             for reason, warning in decision.warnings:
@@ -180,11 +283,29 @@ class Placer:
         return conflict_outcome(bind, pod), ""
 
     # -- all pending pods ------------------------------------------------------------------
-    def resync(self) -> dict[str, Any]:
+    def resync(self, wait: bool = False) -> dict[str, Any]:
         """Place every pending pod of ours: what the event source missed or could not deliver,
-        and pods whose node became usable since."""
+        and pods whose node became usable since. One at a time: a ping that comes while a resync
+        runs (a burst of pings, forged or not) asks for one more run after it and returns.
+        `wait`: run once more for certain, after the running one (recovery needs the outcome)."""
         if self.api is None:
             return {"result": RETRY, "retry": True, "message": self.problem}
+        self._resync_wanted.set()
+        if not self._resyncing.acquire(blocking=wait):
+            return {"result": "coalesced", "why": "a resync is running; one more follows it"}
+        try:
+            outcome: dict[str, Any] = {}
+            if wait:
+                self._resync_wanted.set()
+            while self._resync_wanted.is_set():
+                self._resync_wanted.clear()
+                outcome = self._resync_once()
+            return outcome
+        finally:
+            self._resyncing.release()
+
+    def _resync_once(self) -> dict[str, Any]:
+        self.node_pods.invalidate()
         try:
             pods = self.api.list_pods(PENDING_SELECTOR)
         except ApiException as error:
@@ -217,7 +338,7 @@ class Placer:
             delay = RECOVERY_FIRST_PROBE
             while True:
                 time.sleep(delay)
-                outcome = self.resync()  # its own failures start no other recovery: the lock is held
+                outcome = self.resync(wait=True)  # its own failures start no other recovery: the lock is held
                 if not outcome.get("retry") and not outcome.get("outcomes", {}).get(RETRY):
                     log.info("recovered", extra={"decision": "Recovered", "pending": outcome.get("pending"),
                                                  "outcomes": outcome.get("outcomes")})
