@@ -27,10 +27,7 @@ from .placement import NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import Placement
 
 # -- names users know -----------------------------------------------------------------------------
-NODE_RESOURCES_FIT = "NodeResourcesFit"
-NODE_PORTS = "NodePorts"
 NODE_AFFINITY = "NodeAffinity"
-GPU_HELD = "GPUsHeld"
 AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
 PORTS_REASON = "node(s) didn't have free ports for the requested pod ports"
 TOO_MANY_PODS = "Too many pods"

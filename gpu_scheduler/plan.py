@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
-from .fit import AFFINITY_REASON, bind_problem, node_affinity
+from .fit import AFFINITY_REASON, NODE_AFFINITY, bind_problem, node_affinity
 from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
 from .podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL
 from .schedmap import MapError, Placement, parse_map
@@ -26,7 +26,6 @@ MAX_REPLICAS = 10_000
 STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # Row problems beyond placement's (MalformedMap, UnknownIndex, NoMapEntry).
-NODE_AFFINITY = "NodeAffinity"
 NOT_OUR_SCHEDULER = "NotOurScheduler"
 UNSCHEDULABLE = "Unschedulable"
 # Kinds whose pods are created from a template with generateName: they have no index.

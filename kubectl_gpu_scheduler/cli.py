@@ -96,13 +96,7 @@ def _cluster_check(cluster, row: core.Row) -> core.Note | None:
         return None
     node = cluster.node(row.node)
     problem = core.bind_problem(row.pod_object, node, row.placement, cluster.pods_on(row.node) if node else ())
-    if problem:
-        return core.Note(core.UNSCHEDULABLE, problem)
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    contradiction = core.node_affinity(row.pod_object, row.node, labels)
-    if contradiction and contradiction not in (p.message for p in row.problems):
-        return core.Note(core.NODE_AFFINITY, contradiction)
-    return None
+    return core.Note(core.UNSCHEDULABLE, problem) if problem else None
 
 
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:

@@ -317,7 +317,7 @@ class ControlPlane:
                               capture_output=True, text=True, check=check)
 
     def _node(self, name: str) -> dict:
-        resources = {"cpu": "16", "memory": "64Gi", "pods": "250", "nvidia.com/gpu": GPUS_PER_NODE}
+        resources = {"cpu": "16", "memory": "64Gi", "pods": "2000", "nvidia.com/gpu": GPUS_PER_NODE}
         return {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
                 "status": {"capacity": resources, "allocatable": resources, "conditions": self._conditions()}}

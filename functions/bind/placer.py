@@ -190,6 +190,8 @@ class Placer:
             return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
         if (live.get("metadata") or {}).get("uid") != ref.uid:
             return self._report(ref, REPLACED, "the event's pod was deleted; a pod of the same name has another UID")
+        if (live.get("spec") or {}).get("nodeName"):  # a duplicate, or another instance was first
+            return self._report(ref, ALREADY_BOUND, "", live["spec"]["nodeName"])
         return self.place(live)
 
     def place(self, pod: Mapping[str, Any]) -> dict[str, Any]:
