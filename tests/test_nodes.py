@@ -77,35 +77,34 @@ def test_seed_placement_read_back_from_the_containers_logs(real_stack, ns):
         assert pod["status"]["podIP"].startswith(f"10.244.{pod['spec']['nodeName'][-1]}.")
 
 
-def test_more_cpu_than_the_node_has_is_rejected_by_its_kubelet(real_stack, ns):
-    """Without a fit check, bind binds the pod and the kubelet, which has the last word on fit,
-    refuses it: phase Failed, reason OutOfcpu."""
+def test_more_cpu_than_the_node_has_is_rejected_by_its_kubelet_without_a_fit_check(real_stack, ns):
+    """What bind did before its fit check, and what any placement that skips one gets: the pod is
+    put on node1 as it is (spec.nodeName, as a Binding would), and the kubelet, which has the last
+    word on fit, refuses it: phase Failed, reason OutOfcpu."""
     allocatable = int(real_stack.nodes.node("node1")["status"]["allocatable"]["cpu"].rstrip("m") or 0)
-    real_stack.apply(cpu_hungry_pod(ns, "hungry", "node1", str(allocatable + 1)))
+    unchecked = cpu_hungry_pod(ns, "hungry", "node1", str(allocatable + 1))
+    unchecked["spec"]["nodeName"] = "node1"
+    real_stack.apply(unchecked)
 
     def rejected():
         [pod] = real_stack.pods(ns)
         return pod if pod["status"].get("phase") == "Failed" else None
     pod = real_stack.wait_for(rejected, 60, "the kubelet's verdict")
-    assert pod["spec"]["nodeName"] == "node1"  # bind placed it: it does not check fit (yet)
     assert pod["status"]["reason"] == "OutOfcpu"
     assert "Node didn't have enough resource: cpu" in pod["status"]["message"]
 
 
-# ---- FIT CHECK: the other half of the OutOfcpu case ------------------------------------------
-# With the fit check of the issue "Bind only where the pod can run" (branch `fit`), bind must not
-# bind this pod at all: it stays Pending, unbound, with a FailedScheduling Event naming the cpu.
-# It is expected to fail until that branch is merged; strict, so the merge makes it XPASS and
-# fail, and whoever merges removes this marker (and may tighten the message to the fit check's).
-@pytest.mark.xfail(strict=True, reason="needs bind's fit check (issue 'Bind only where the pod can run', branch fit)")
 def test_more_cpu_than_the_node_has_stays_pending_with_the_fit_check(real_stack, ns):
+    """The same pod placed by bind: its fit check (NodeResourcesFit) keeps it Pending and unbound,
+    with kube-scheduler's reason, so the kubelet never has to refuse it."""
     allocatable = int(real_stack.nodes.node("node2")["status"]["allocatable"]["cpu"].rstrip("m") or 0)
     real_stack.apply(cpu_hungry_pod(ns, "hungry", "node2", str(allocatable + 1)))
     held = real_stack.wait_for(lambda: [e for e in events(real_stack, ns, "hungry-0")
                                         if e["reason"] in ("FailedScheduling", "Scheduled")], 30, "bind's decision")
     [pod] = real_stack.pods(ns)
     assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
-    assert held[0]["reason"] == "FailedScheduling" and "cpu" in held[0]["message"]
+    assert held[0]["reason"] == "FailedScheduling"
+    assert held[0]["message"].startswith(f"node node2: Insufficient cpu (the pod requests {allocatable + 1};")
 
 
 def test_a_stopped_kubelet_makes_its_node_not_ready_and_holds_a_new_replica(real_stack, ns):
