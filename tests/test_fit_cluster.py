@@ -159,8 +159,8 @@ def test_two_bind_instances_racing_for_one_gpu(stack, namespace, fit_node):
     the holder in the node's pods, as the API server lists them, and keeps its pod Pending."""
     stack.source.paused = True
     try:
-        for name in ("first-0", "second-0"):
-            stack.apply(pod_manifest(namespace, name, f"0={fit_node}:1\n"))
+        for name, devices in (("first-0", "1"), ("second-0", "1,2")):  # two bare pods, two maps: two workloads
+            stack.apply(pod_manifest(namespace, name, f"0={fit_node}:{devices}\n"))
         stack.wait_for(lambda: len(stack.pods(namespace)) == 2, 20, "2 pods created")
     finally:
         stack.source.paused = False
@@ -180,25 +180,25 @@ def test_a_forged_event_binds_a_pod_only_where_its_live_map_says(stack, namespac
     """Anyone who reaches bind can post an event: one carrying a real pending pod's name and UID
     with another map. bind reads the pod and places it where the live pod's map says, or not at
     all; and a pod already bound stays where it is."""
-    stack.source.paused = True
+    stack.source.paused = True  # only the forged events reach bind
     try:
         stack.apply(pod_manifest(namespace, "victim-0", "0=no-such-node:0\n"))
         stack.wait_for(lambda: stack.pods(namespace), 20, "the pod created")
+        forged = json.loads(json.dumps(pod_named(stack, namespace, "victim-0")))
+        forged["metadata"]["annotations"]["gpu-scheduling-map"] = f"0={fit_node}:0\n"
+        status, body = post_event(stack.bind_url, forged, stack.cp.server)
+        assert (status, body["result"]) == (200, "Unschedulable") and "no-such-node does not exist" in body["message"]
+        assert not pod_named(stack, namespace, "victim-0")["spec"].get("nodeName")
+        # The forged map is the live one once the owner says so: then, and only then, it binds.
+        stack.cp.kubectl("annotate", "pod", "-n", namespace, "victim-0", "--overwrite",
+                         f"gpu-scheduling-map=0={fit_node}:0")
+        status, body = post_event(stack.bind_url, forged, stack.cp.server)
+        assert (status, body["result"], body["node"]) == (200, "Bound", fit_node)
+        forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:0\n"
+        status, body = post_event(stack.bind_url, forged, stack.cp.server)
+        assert (status, body["result"], body["node"]) == (200, "AlreadyBound", fit_node)
     finally:
         stack.source.paused = False
-    forged = json.loads(json.dumps(pod_named(stack, namespace, "victim-0")))
-    forged["metadata"]["annotations"]["gpu-scheduling-map"] = f"0={fit_node}:0\n"
-    status, body = post_event(stack.bind_url, forged, stack.cp.server)
-    assert (status, body["result"]) == (200, "Unschedulable") and "no-such-node does not exist" in body["message"]
-    assert not pod_named(stack, namespace, "victim-0")["spec"].get("nodeName")
-    # The forged map is the live one now that the owner says so: then, and only then, it binds.
-    stack.cp.kubectl("annotate", "pod", "-n", namespace, "victim-0", "--overwrite",
-                     f"gpu-scheduling-map=0={fit_node}:0")
-    status, body = post_event(stack.bind_url, forged, stack.cp.server)
-    assert (status, body["result"], body["node"]) == (200, "Bound", fit_node)
-    forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:0\n"
-    status, body = post_event(stack.bind_url, forged, stack.cp.server)
-    assert (status, body["result"], body["node"]) == (200, "AlreadyBound", fit_node)
 
 
 # -- kube-scheduler 1.34 answers the same questions -------------------------------------------------
@@ -215,6 +215,8 @@ def _case(rng: random.Random, fit_node: str) -> tuple[list[dict], dict]:
             if rng.random() < 0.2:
                 requests["example.com/fpga"] = rng.choice(["1", "2"])
             container = {"name": f"{kind}{i}", "image": "busybox", "resources": {"requests": requests}}
+            if "example.com/fpga" in requests:  # extended resources are not overcommitted: limit = request
+                container["resources"]["limits"] = {"example.com/fpga": requests["example.com/fpga"]}
             if rng.random() < 0.25:
                 container["ports"] = [{"containerPort": 80, "hostPort": rng.choice([8080, 8081]),
                                        "protocol": rng.choice(["TCP", "UDP"])}]
@@ -231,6 +233,13 @@ def _case(rng: random.Random, fit_node: str) -> tuple[list[dict], dict]:
                 else:
                     container.pop("ports", None)
             body["initContainers"] = init
+        seen = set()  # one pod may not list a host port twice (API validation)
+        for container in body.get("initContainers", []) + body["containers"]:
+            for port in container.get("ports", []):
+                if (port["hostPort"], port["protocol"]) in seen:
+                    container.pop("ports")
+                else:
+                    seen.add((port["hostPort"], port["protocol"]))
         return body
 
     existing = []
@@ -247,6 +256,11 @@ def _case(rng: random.Random, fit_node: str) -> tuple[list[dict], dict]:
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "gen", "operator": rng.choice(["Gt", "Lt"]), "values": [rng.choice(["2", "4"])]}]}]}}}
     return existing, candidate
+
+
+def _create(stack, body: dict) -> None:
+    result = stack.cp.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
+    assert result.returncode == 0, (result.stderr, body)
 
 
 def _scheduler_verdict(stack, namespace: str, fit_node: str) -> tuple[bool, str]:
@@ -266,26 +280,28 @@ def test_fit_agrees_with_kube_scheduler(stack, namespace, fit_node, seed):
     and placed by kube-scheduler. It binds exactly when fit_problem finds nothing, and when it
     does not, its message carries the reason fit_problem gives."""
     rng = random.Random(seed)
-    disagreements = []
+    disagreements, verdicts = [], []
     for case in range(10):
         existing, candidate = _case(rng, fit_node)
         for body in existing:
             body["metadata"]["namespace"] = namespace
-            stack.apply(body)
+            _create(stack, body)
         mark = rng.random() < 0.3 and existing
         if mark:  # a terminal pod frees what it held
             stack.cp.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/on-0/status",
                              {"status": {"phase": "Succeeded"}}, "application/strategic-merge-patch+json")
         time.sleep(0.3)  # kube-scheduler's informer sees the pods on the node
         candidate["metadata"]["namespace"] = namespace
-        stack.apply(candidate)
+        _create(stack, candidate)
         on_node = [p for p in stack.pods(namespace) if p["metadata"]["name"] != "candidate"]
         ours = fit_problem(pod_named(stack, namespace, "candidate"), json.loads(stack.cp.get(f"/api/v1/nodes/{fit_node}")),
                            Placement(fit_node, ("0",)), on_node)
         bound, detail = _scheduler_verdict(stack, namespace, fit_node)
+        verdicts.append(bound)
         reason = None if ours is None else ours.split(" (")[0].split(": ")[-1] if ours.startswith("node ") else ours.split(":")[0]
         if bound != (ours is None) or (reason and reason not in detail):
             disagreements.append((case, ours, detail))
         stack.cp.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force")
         stack.wait_for(lambda: not stack.pods(namespace), 30, "pods gone", interval=0.2)
     assert not disagreements, disagreements
+    assert True in verdicts and False in verdicts, verdicts  # the cases ask both questions
