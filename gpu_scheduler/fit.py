@@ -270,13 +270,15 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
 
 
 def workload(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    """Who a pod belongs to: its controller (StatefulSet, Job, ...) by UID; a bare pod by its
-    namespace and map (bare pods written from one map are one workload)."""
+    """Who a pod belongs to: its controller (StatefulSet, Job, ...) by namespace, kind and name
+    (so a pod `plan` expects, before its controller has a UID, belongs with the live ones); a bare
+    pod by its namespace and map (bare pods written from one map are one workload)."""
+    namespace = str(metadata(pod).get("namespace"))
     for owner in _list(metadata(pod).get("ownerReferences")):
-        if owner.get("controller") is True and isinstance(owner.get("uid"), str):
-            return ("owner", owner["uid"])
+        if owner.get("controller") is True:
+            return ("owner", namespace, str(owner.get("kind")), str(owner.get("name")))
     text = map_text(pod)
-    return ("map", str(metadata(pod).get("namespace")), text if isinstance(text, str) else "")
+    return ("map", namespace, text if isinstance(text, str) else "")
 
 
 def held_devices(pod: Mapping[str, Any]) -> tuple[str, ...]:

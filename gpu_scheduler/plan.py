@@ -25,6 +25,8 @@ from .schedmap import MapError, Placement, parse_map
 MAX_REPLICAS = 10_000
 STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+CONTROLLER_API_VERSIONS = {"StatefulSet": "apps/v1", "Job": "batch/v1", "Deployment": "apps/v1",
+                           "ReplicaSet": "apps/v1", "DaemonSet": "apps/v1"}
 # Row problems beyond placement's (MalformedMap, UnknownIndex, NoMapEntry).
 NOT_OUR_SCHEDULER = "NotOurScheduler"
 UNSCHEDULABLE = "Unschedulable"
@@ -160,6 +162,9 @@ def pod_for(work: Workload, index: int | None) -> dict[str, Any]:
     else:
         meta["generateName"] = f"{work.name}-"
     meta["labels"], meta["annotations"] = labels, annotations
+    # As its controller sets it: the workload GPU accounting counts the pod in (fit.workload).
+    meta["ownerReferences"] = [{"apiVersion": CONTROLLER_API_VERSIONS.get(work.kind, "v1"), "kind": work.kind,
+                                "name": work.name, "controller": True}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(dict(spec(work.template)))}
 
 

@@ -133,7 +133,21 @@ def namespace(stack, request) -> str:
     name = f"t{next(_names)}-{request.node.name.lower().replace('_', '-')}"[:50].rstrip("-[")
     name = "".join(c if c.isalnum() or c == "-" else "-" for c in name).strip("-")
     stack.create_namespace(name)
-    return name
+    yield name
+    release_namespace(stack, name)
+
+
+def release_namespace(stack, name: str) -> None:
+    """Remove the test's workloads and pods at once. Pods bound to nodes without kubelets never
+    finish a graceful deletion, and a pod on a node, Terminating or not, holds its cpu, host ports
+    and GPUs for the fit checks (as for kube-scheduler's): left behind, they would keep the next
+    test's replicas Pending on node1..node4."""
+    from kubernetes import client
+
+    orphan = client.V1DeleteOptions(propagation_policy="Orphan")
+    client.AppsV1Api(stack.api_client).delete_collection_namespaced_stateful_set(name, body=orphan)
+    client.BatchV1Api(stack.api_client).delete_collection_namespaced_job(name, body=orphan)
+    stack.api.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 def pytest_collection_modifyitems(items):

@@ -228,3 +228,14 @@ def test_pings_that_come_while_a_resync_runs_coalesce_into_one_more():
     placer._resyncing.release()
     assert placer.resync()["result"] == "resynced"
     assert len(api.called("list_pods")) == 1
+
+
+def test_a_refusal_from_the_cached_listing_is_confirmed_with_a_fresh_one():
+    holder = {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder",
+                           "annotations": {"gpu-scheduler/devices": "1"}},
+              "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
+    placer, api = placer_with(list_pods=[[holder], []])  # the holder is deleted after the first listing
+    assert placed(placer)["result"] == "Unschedulable"
+    assert len(api.called("list_pods")) == 1  # that listing was fresh: nothing to confirm
+    assert placed(placer)["result"] == "Bound"  # the cached one refused; a fresh one showed it gone
+    assert len(api.called("list_pods")) == 2

@@ -83,11 +83,12 @@ class NodePods:
         self._assumed: dict[str, dict[str, tuple[float, PodInfo]]] = {}  # node -> uid -> (bound at, info)
         self._lock = threading.Lock()
 
-    def _listing(self, node: str) -> tuple[float, NodeInfo]:
+    def _listing(self, node: str, fresh: bool = False) -> tuple[float, NodeInfo, bool]:
+        """(listing started, what the pods occupy, read now rather than from the cache)."""
         with self._lock:
             listed = self._listed.get(node)
-        if listed and time.monotonic() - listed[0] < self.ttl:
-            return listed
+        if listed and not fresh and time.monotonic() - listed[0] < self.ttl:
+            return (*listed, False)
         started = time.monotonic()
         info = NodeInfo.of(self.api.list_pods(f"spec.nodeName={node}"))
         with self._lock:
@@ -98,12 +99,21 @@ class NodePods:
                 assumed = self._assumed.get(node, {})
                 for uid in [uid for uid, (at, _) in assumed.items() if at < started]:
                     del assumed[uid]
-            return self._listed[node]
+        return started, info, True
 
     def reserve(self, node: str, check, assumed: PodInfo) -> str | None:
         """Run `check(NodeInfo) -> problem | None` on the node as listed plus the pods assumed on
-        it; when it passes, assume `assumed` there until a later listing shows it."""
-        _, listed = self._listing(node)
+        it; when it passes, assume `assumed` there until a later listing shows it. A refusal
+        from a cached listing is confirmed with a fresh one: a pod deleted within the cache's
+        second must not keep a replica Pending until the next resync."""
+        _, listed, fresh = self._listing(node)
+        problem = self._check_and_assume(node, check, assumed, listed)
+        if problem is not None and not fresh:
+            _, listed, _ = self._listing(node, fresh=True)
+            problem = self._check_and_assume(node, check, assumed, listed)
+        return problem
+
+    def _check_and_assume(self, node: str, check, assumed: PodInfo, listed: NodeInfo) -> str | None:
         with self._lock:
             extra = [info for uid, (_, info) in self._assumed.get(node, {}).items()
                      if uid != assumed.uid and not any(p.uid == uid for p in listed.pods)]
