@@ -13,6 +13,8 @@ BIND = frozenset({
     ("", "events", "get"),          # an Event another instance created: read its count
     ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
     ("", "nodes", "get"),           # node checks before binding
+    # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
+    ("authentication.k8s.io", "tokenreviews", "create"),
 })
 # The ApiServerSource's own account: it lists and watches pods and sends them on.
 EVENT_SOURCE = frozenset({

@@ -39,6 +39,7 @@ CALLS = {
     "read_event": ("", "events", "get"),
     "patch_event": ("", "events", "patch"),
     "list_events": ("", "events", "list"),
+    "create_token_review": ("authentication.k8s.io", "tokenreviews", "create"),
 }
 
 
@@ -143,6 +144,9 @@ class Kube:
 
     def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
         return self._call("PATCH", f"/api/v1/namespaces/{quote(namespace)}/events/{quote(name)}", patch, MERGE_PATCH)
+
+    def create_token_review(self, review: dict) -> dict:
+        return self._call("POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)
 
     def list_events(self, namespace: str, field_selector: str) -> list[dict]:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/events",

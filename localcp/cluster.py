@@ -291,11 +291,13 @@ class ControlPlane:
             raise
         return True
 
-    def service_account_token(self, namespace: str, name: str, seconds: int = 24 * 3600) -> str:
+    def service_account_token(self, namespace: str, name: str, seconds: int = 24 * 3600,
+                              audiences: list[str] | None = None) -> str:
         """A bound token for the account, from the TokenRequest API, as the kubelet projects
-        one into a pod (token Secrets are no longer created since Kubernetes 1.24)."""
+        one into a pod (token Secrets are no longer created since Kubernetes 1.24); with
+        `audiences`, one issued for them, as Knative's sources request one for their sink."""
         request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                   "spec": {"expirationSeconds": seconds}}
+                   "spec": {"expirationSeconds": seconds, **({"audiences": audiences} if audiences else {})}}
         answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
         return json.loads(answer)["status"]["token"]
 

@@ -16,6 +16,8 @@ from flask import Request
 
 from gpu_scheduler import jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
+from authn import SinkAuthenticator, Unavailable
+from gpu_scheduler.sinkauth import Unauthenticated
 from placer import Placer
 
 MAX_BODY = 3 * 1024 * 1024
@@ -24,6 +26,8 @@ logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=T
 log = logging.getLogger("bind")
 EVENTS = prom.Counter("gpu_scheduler_bind_events_total", "Events received", ["type", "status"])
 placer = Placer.from_environment()  # configuration read once, at start; the client is reused
+# Knative's sink authentication, where it is on (SINK_AUDIENCE, SINK_SENDERS): see authn.py.
+sink_auth = SinkAuthenticator.from_environment(placer.api)
 
 
 def _reply(status, kind="", **body):
@@ -51,6 +55,13 @@ def _handle(request: Request):
         return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":
         return _reply(405, error=f"{request.method} {request.path}: POST a CloudEvent")
+    if sink_auth is not None:
+        try:
+            sink_auth.check(request.headers.get("Authorization"))
+        except Unauthenticated as refusal:  # 401: Knative does not redeliver it
+            return _reply(401, error=f"unauthenticated: {refusal}")
+        except Unavailable as error:
+            return _reply(503, error=f"cannot authenticate the sender now: {error}")
     raw = request.stream.read(MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         return _reply(413, error=f"body is larger than {MAX_BODY} bytes")
