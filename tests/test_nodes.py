@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import release_namespace
 from localcp.stack import LocalStack
 from tests.test_end_to_end import EXPECTED, statefulset
 
@@ -22,7 +23,8 @@ _names = iter(range(10**6))
 @pytest.fixture
 def ns(real_stack, request) -> str:
     name = re.sub(r"[^a-z0-9-]", "-", f"n{next(_names)}-{request.node.name.lower()}")[:40].strip("-")
-    return real_stack.create_namespace(name)
+    yield real_stack.create_namespace(name)
+    release_namespace(real_stack, name)  # the next test's StatefulSet wants the same GPUs
 
 
 def running(stack: LocalStack, namespace: str, count: int, selector: str = "") -> list[dict] | None:

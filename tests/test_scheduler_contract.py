@@ -87,6 +87,10 @@ def test_node_checks_keep_the_pod_pending_until_the_node_is_fixed(stack, namespa
 
 def test_a_tolerated_taint_does_not_block(stack, namespace, extra_node):
     stack.cp.add_node(extra_node, spec={"taints": [{"key": "gpu", "effect": "NoSchedule"}]})
+    # The API server taints a new node not-ready until the node-lifecycle controller (every 5 s)
+    # sees it Ready; a pod created before that is rightly held until the next resync.
+    stack.wait_for(lambda: [t["key"] for t in json.loads(stack.cp.get(f"/api/v1/nodes/{extra_node}"))["spec"]
+                            .get("taints", [])] == ["gpu"], 30, "only the test's own taint", interval=0.2)
     manifest = pod_manifest(namespace, "w-0", f"0={extra_node}:0\n")
     manifest["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
     stack.apply(manifest)

@@ -54,12 +54,9 @@ def test_bind_admits_the_sources_token_and_refuses_others_on_the_real_api_server
     guarded = FunctionServer("bind", {"KUBECONFIG": str(stack.bind_kubeconfig), "SINK_AUDIENCE": AUDIENCE,
                                       "SINK_SENDERS": SOURCE})
     try:
-        stack.source.paused = True
-        try:
-            stack.apply(pod_manifest(namespace, "w-0", "0=node2:1\n"))
-            pod = stack.wait_for(lambda: stack.pods(namespace), 20, "the pod")[0]
-        finally:
-            stack.source.paused = False
+        stack.source.paused = True  # only this test's requests reach the guarded bind
+        stack.apply(pod_manifest(namespace, "w-0", "0=node2:1\n"))
+        pod = stack.wait_for(lambda: stack.pods(namespace), 20, "the pod")[0]
         sender = Sender(guarded.url, delays=())
 
         def post(token: str | None):
@@ -80,4 +77,5 @@ def test_bind_admits_the_sources_token_and_refuses_others_on_the_real_api_server
         status, body = post(source)
         assert (status, body["result"]) == (200, "Bound")
     finally:
+        stack.source.paused = False
         guarded.stop()
