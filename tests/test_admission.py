@@ -566,3 +566,21 @@ def test_the_pod_name_for_logs_is_derived_safely(request_fields, metadata, expec
             body["request"].pop(key, None)
     body["request"]["object"]["metadata"] = metadata
     assert parse_review(body).pod_name == expected
+
+
+@pytest.mark.parametrize("pod_spec, warned", [
+    ({"nodeSelector": {"kubernetes.io/hostname": "node9"}}, True),
+    ({"nodeSelector": {"kubernetes.io/hostname": "node2"}}, False),
+    ({"nodeSelector": {"zone": "b"}}, False),  # only the node object knows: bind says it
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node2"]}]}]}}}}, True),
+])
+def test_a_selector_that_excludes_the_entrys_node_is_warned_with_binds_reason(pod_spec, warned):
+    pod = make_pod("web-1")  # index 1 of the seed: node2
+    pod["spec"].update(pod_spec)
+    response, decision, patched = admit(pod)
+    found = [w for w in decision.warnings if "didn't match Pod's node affinity/selector" in w]
+    assert bool(found) == warned and decision.allowed
+    if warned:
+        assert found[0].endswith("excludes node node2; the pod will stay Pending") or "matches node node2" in found[0]
+        assert env_of(patched)  # still admitted with its env: the selector may be fixed before bind
