@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from . import ANNOTATION, SCHEDULER_NAME
 from .nodecheck import _map, node_problem
@@ -60,6 +62,13 @@ def parse_quantity(value: Any) -> Fraction | None:
         return Fraction(value)
     if not isinstance(value, str) or len(value) > MAX_QUANTITY_TEXT:
         return None
+    return _parse_quantity_text(value)
+
+
+# A cluster's pods repeat a handful of quantity strings ("100m", "1Gi"): parse each once. Keys
+# are at most MAX_QUANTITY_TEXT characters, so the cache is bounded in bytes as well as entries.
+@lru_cache(maxsize=1024)
+def _parse_quantity_text(value: str) -> Fraction | None:
     match = _QUANTITY.fullmatch(value.strip())
     if not match:
         return None

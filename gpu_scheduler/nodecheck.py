@@ -5,7 +5,8 @@ until the node changes; the next resync tries again.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .placement import spec
 from .schedmap import Placement
