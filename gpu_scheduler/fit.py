@@ -348,6 +348,7 @@ class NodeInfo:
 
     pods: tuple[PodInfo, ...] = ()
     requested: Mapping[str, int] = field(default_factory=dict)
+    uids: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, pods: Iterable[Mapping[str, Any] | PodInfo]) -> "NodeInfo":
@@ -357,11 +358,18 @@ class NodeInfo:
         for info in infos:
             for name, units in info.requests.items():
                 requested[name] = requested.get(name, 0) + units
-        return cls(infos, requested)
+        return cls(infos, requested, frozenset(i.uid for i in infos))
+
+    def plus(self, info: PodInfo) -> "NodeInfo":
+        """The node with one more pod on it (one this instance is binding)."""
+        requested = dict(self.requested)
+        for name, units in info.requests.items():
+            requested[name] = requested.get(name, 0) + units
+        return NodeInfo(self.pods + (info,), requested, self.uids | {info.uid})
 
     def without(self, uid: str) -> "NodeInfo":
         """The node as it is for a pod that may already be listed on it (a resync, a retry)."""
-        return NodeInfo.of(p for p in self.pods if p.uid != uid) if any(p.uid == uid for p in self.pods) else self
+        return NodeInfo.of(p for p in self.pods if p.uid != uid) if uid in self.uids else self
 
 
 # -- all of them -----------------------------------------------------------------------------------

@@ -79,47 +79,54 @@ class NodePods:
 
     def __init__(self, api, ttl: float = 1.0):
         self.api, self.ttl = api, ttl
-        self._listed: dict[str, tuple[float, NodeInfo]] = {}  # node -> (listing started, info)
+        self._listed_at: dict[str, float] = {}  # node -> when its last listing started
+        self._listed: dict[str, NodeInfo] = {}  # node -> what that listing showed
         self._assumed: dict[str, dict[str, tuple[float, PodInfo]]] = {}  # node -> uid -> (bound at, info)
+        self._view: dict[str, NodeInfo] = {}  # node -> listed plus assumed: what checks see
         self._lock = threading.Lock()
 
-    def _listing(self, node: str, fresh: bool = False) -> tuple[float, NodeInfo, bool]:
-        """(listing started, what the pods occupy, read now rather than from the cache)."""
+    def _rebuild(self, node: str) -> None:
+        listed = self._listed.get(node, NodeInfo())
+        extra = [info for uid, (_, info) in self._assumed.get(node, {}).items() if uid not in listed.uids]
+        self._view[node] = NodeInfo.of(listed.pods + tuple(extra)) if extra else listed
+
+    def _refresh(self, node: str, fresh: bool = False) -> bool:
+        """List the node's pods unless the last listing is recent; True when it listed now."""
         with self._lock:
-            listed = self._listed.get(node)
-        if listed and not fresh and time.monotonic() - listed[0] < self.ttl:
-            return (*listed, False)
+            at = self._listed_at.get(node)
+        if at is not None and not fresh and time.monotonic() - at < self.ttl:
+            return False
         started = time.monotonic()
         info = NodeInfo.of(self.api.list_pods(f"spec.nodeName={node}"))
         with self._lock:
-            current = self._listed.get(node)
-            if current is None or current[0] < started:
-                self._listed[node] = (started, info)
+            if self._listed_at.get(node, float("-inf")) < started:
+                self._listed_at[node], self._listed[node] = started, info
                 # A listing that started after a bind completed shows that pod (or its deletion).
                 assumed = self._assumed.get(node, {})
                 for uid in [uid for uid, (at, _) in assumed.items() if at < started]:
                     del assumed[uid]
-        return started, info, True
+                self._rebuild(node)
+        return True
 
     def reserve(self, node: str, check, assumed: PodInfo) -> str | None:
         """Run `check(NodeInfo) -> problem | None` on the node as listed plus the pods assumed on
         it; when it passes, assume `assumed` there until a later listing shows it. A refusal
         from a cached listing is confirmed with a fresh one: a pod deleted within the cache's
         second must not keep a replica Pending until the next resync."""
-        _, listed, fresh = self._listing(node)
-        problem = self._check_and_assume(node, check, assumed, listed)
+        fresh = self._refresh(node)
+        problem = self._check_and_assume(node, check, assumed)
         if problem is not None and not fresh:
-            _, listed, _ = self._listing(node, fresh=True)
-            problem = self._check_and_assume(node, check, assumed, listed)
+            self._refresh(node, fresh=True)
+            problem = self._check_and_assume(node, check, assumed)
         return problem
 
-    def _check_and_assume(self, node: str, check, assumed: PodInfo, listed: NodeInfo) -> str | None:
+    def _check_and_assume(self, node: str, check, assumed: PodInfo) -> str | None:
         with self._lock:
-            extra = [info for uid, (_, info) in self._assumed.get(node, {}).items()
-                     if uid != assumed.uid and not any(p.uid == uid for p in listed.pods)]
-            problem = check(NodeInfo.of(listed.pods + tuple(extra)) if extra else listed)
-            if problem is None:
+            view = self._view.get(node, NodeInfo())
+            problem = check(view)
+            if problem is None and assumed.uid not in view.uids:
                 self._assumed.setdefault(node, {})[assumed.uid] = (float("inf"), assumed)
+                self._view[node] = view.plus(assumed)
             return problem
 
     def bound(self, node: str, uid: str) -> None:
@@ -129,13 +136,15 @@ class NodePods:
                 self._assumed[node][uid] = (time.monotonic(), entry[1])
 
     def forget(self, node: str, uid: str) -> None:
+        """The Binding failed: the pod does not hold what it was assumed to."""
         with self._lock:
-            self._assumed.get(node, {}).pop(uid, None)
+            if self._assumed.get(node, {}).pop(uid, None):
+                self._rebuild(node)
 
     def invalidate(self) -> None:
         """A resync looks again: pods deleted since the last listing free their node at once."""
         with self._lock:
-            self._listed.clear()
+            self._listed_at.clear()
 
 
 # After an outage bind resyncs by itself: the adapter drops an event after six deliveries in
