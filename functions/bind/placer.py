@@ -188,9 +188,7 @@ class Placer:
         not have it yet), and placed from that: its map, UID, scheduler name and node."""
         decision = bind_decision(event_pod)
         if isinstance(decision, Ignore):
-            OUTCOMES.labels("Ignored").inc()
-            log.debug("ignored", extra={"decision": "Ignored", "why": decision.why})
-            return {"result": "ignored", "why": decision.why}
+            return self._ignored(decision.why)
         ref = PodRef.of(event_pod)
         if self.api is None:
             return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
@@ -217,9 +215,7 @@ class Placer:
         """Place a pod as the API server has it (an event's pod goes through place_event)."""
         decision = bind_decision(pod)
         if isinstance(decision, Ignore):
-            OUTCOMES.labels("Ignored").inc()
-            log.debug("ignored", extra={"decision": "Ignored", "why": decision.why})
-            return {"result": "ignored", "why": decision.why}
+            return self._ignored(decision.why)
         ref = PodRef.of(pod)
         if self.api is None:
             return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
@@ -254,6 +250,12 @@ class Placer:
         elif outcome in (RETRY, API_ERROR):
             return self._failed(ref, decision, outcome, message)
         return self._report(ref, outcome, message, decision.node, time.perf_counter() - started)
+
+    @staticmethod
+    def _ignored(why: str) -> dict[str, Any]:
+        OUTCOMES.labels("Ignored").inc()
+        log.debug("ignored", extra={"decision": "Ignored", "why": why})
+        return {"result": "ignored", "why": why}
 
     def _unschedulable(self, ref: PodRef, message: str) -> None:
         self.recorder.event(ref, WARNING, FAILED_SCHEDULING, message)
