@@ -63,6 +63,15 @@ def pending_pods(stack: LocalStack, n: int, map_text: str) -> list[dict]:
     return created
 
 
+def release(stack: LocalStack, namespace: str) -> None:
+    """Remove a run's workloads and pods at once: pods bound to nodes without kubelets never finish
+    a graceful deletion, and a pod left on a node holds its GPUs (and cpu) for bind's fit checks,
+    so the next run's pods (another namespace, another workload) would wait for them."""
+    orphan = client.V1DeleteOptions(propagation_policy="Orphan")
+    client.AppsV1Api(stack.api_client).delete_collection_namespaced_stateful_set(namespace, body=orphan)
+    stack.api.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+
 # -- 1. bind throughput ------------------------------------------------------------------------
 def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
     bind_api = client.CoreV1Api(config.new_client_from_config(str(stack.bind_kubeconfig)))
@@ -79,6 +88,7 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
                                              headers=cloudevent_headers("add", p, stack.cp.server))
                 assert json.loads(answer.data)["result"] == "Bound", answer.data
             through_bind.append(n / parallel(via_bind, pods, concurrency))
+            release(stack, pods[0]["metadata"]["namespace"])
             pods = pending_pods(stack, n, map_text)
 
             def via_client(p):
@@ -88,6 +98,7 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "node1"}},
                     _preload_content=False).release_conn()
             direct.append(n / parallel(via_client, pods, concurrency))
+            release(stack, pods[0]["metadata"]["namespace"])
         figures[concurrency] = {"bind_pods_per_s": statistics.median(through_bind),
                                 "direct_pods_per_s": statistics.median(direct),
                                 "ratio": statistics.median(through_bind) / statistics.median(direct),
@@ -146,7 +157,7 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str) -> dict:
     done = max(watch.bound.values()) - started
     # Bound pods on nodes without kubelets would stay Terminating: remove them at once, so that
     # kube-scheduler's pod count per node starts from the same place for every run.
-    stack.api.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    release(stack, namespace)
     return {"create_per_s": n / created, "bound_per_s": n / done}
 
 
@@ -227,6 +238,7 @@ def statefulset_end_to_end(stack: LocalStack, replicas: int) -> dict:
         if len(items) >= replicas and all(p["spec"].get("nodeName") for p in items):
             bound_at = now
         time.sleep(0.25)
+    release(stack, namespace)
     return {"replicas": replicas, "created_s": created_at, "bound_s": bound_at,
             "ratio": bound_at / created_at if created_at and bound_at else None}
 
