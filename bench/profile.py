@@ -11,6 +11,8 @@ Scenarios (each on its own fresh namespace):
                         source stand-in (localcp/eventsource.py): what `make bench` compares with
                         kube-scheduler; add events place pods, update events are ignored
   bind-c1 / bind-c8     bind_throughput's load: one add event per pending pod, 1 or 8 senders
+  direct-c1 / direct-c8 its direct pods/binding loop (the profile is of an idle bind: the CPU
+                        figures are the point, the API server's per binding)
   kube-scheduler-create-to-bound  the same with kube-scheduler placing (for its CPU figures)
   mutate                pod creation one after another with the webhook registered; the event
                         source and bind place them meanwhile, as in a cluster
@@ -210,12 +212,25 @@ def bind_load(stack: LocalStack, pending: list[dict], concurrency: int) -> float
     return len(pending) / run.parallel(via_bind, pending, concurrency)
 
 
+def direct_load(stack: LocalStack, pending: list[dict], concurrency: int) -> float:
+    """bench/run.py's direct loop: pods/binding with the kubernetes client, as bind's account."""
+    from kubernetes import client, config
+    api = client.CoreV1Api(config.new_client_from_config(str(stack.bind_kubeconfig)))
+
+    def via_client(p):
+        m = p["metadata"]
+        api.create_namespaced_pod_binding(m["name"], m["namespace"], {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": m["name"], "uid": m["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node1"}}, _preload_content=False).release_conn()
+    return len(pending) / run.parallel(via_client, pending, concurrency)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="", help="suffix of the files, e.g. before / after-step-1")
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
-    parser.add_argument("--only", default="bind-create-to-bound,kube-scheduler-create-to-bound,mutate,bind-c1,bind-c8")
+    parser.add_argument("--only", default="bind-create-to-bound,kube-scheduler-create-to-bound,mutate,bind-c1,direct-c1,bind-c8,direct-c8")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -241,6 +256,10 @@ def main() -> int:
                 pending = run.pending_pods(stack, n, run.map_for(n))
                 figures[f"bind-c{c}"] = measured(stack, f"bind-c{c}", n, args,
                                                  lambda: {"pods_per_s": bind_load(stack, pending, c)})
+            if f"direct-c{c}" in only:  # for the API server's CPU per binding without bind's Event
+                pending = run.pending_pods(stack, n, run.map_for(n))
+                figures[f"direct-c{c}"] = measured(stack, f"direct-c{c}", n, args,
+                                                   lambda: {"pods_per_s": direct_load(stack, pending, c)})
     print(json.dumps(figures, indent=2))
     return 0
 
