@@ -28,8 +28,8 @@ test: venv controlplane  ## every test: unit, HTTP, offline manifests, and the l
 unit: venv  ## the tests that need no control plane
 	$(PY) -m pytest -m "not controlplane" $(PYTEST_ARGS)
 
-bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick)
-	$(PY) -m bench.run $(if $(SMOKE),--smoke,)
+bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick; NO_REAL_NODES=1: skip the four real nodes)
+	$(PY) -m bench.run $(if $(SMOKE),--smoke,) $(if $(NO_REAL_NODES),--no-real-nodes,)
 
 # KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
 include kind/kind.mk

@@ -7,14 +7,15 @@ failures answer 503, permanent ones 200 with the reason in the body, malformed e
 """
 import json
 import logging
+import re
 
 import functions_framework
 import prometheus_client as prom
 from cloudevents.exceptions import GenericException as CloudEventError
-from cloudevents.http import from_http
+from cloudevents.http import CloudEvent, from_http
 from flask import Request
 
-from gpu_scheduler import jsonlog
+from gpu_scheduler import fastpath, jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
 from authn import SinkAuthenticator, Unavailable
 from gpu_scheduler.sinkauth import Unauthenticated
@@ -69,6 +70,10 @@ def _handle(request: Request):
         event = from_http(dict(request.headers), raw)
     except (CloudEventError, ValueError) as error:
         return _reply(400, error=f"malformed CloudEvent: {error}")
+    return _on_event(event)
+
+
+def _on_event(event: CloudEvent):
     kind = event["type"]
     if kind == PING:
         outcome = placer.resync()
@@ -82,3 +87,54 @@ def _handle(request: Request):
         log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
         return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")
     return _reply(503 if outcome.get("retry") else 200, kind, **outcome)
+
+
+# -- the fast path: what the event sources send, without Flask and from_http -----------------
+# ApiServerSource and PingSource send binary-mode CloudEvents 1.0 with a JSON body. Those are
+# answered here (gpu_scheduler/fastpath.py); anything else, or missing a required attribute, goes
+# through bind() above, which answers as it always has.
+REQUIRED = ("HTTP_CE_ID", "HTTP_CE_SOURCE", "HTTP_CE_TYPE")
+JSON_TYPE = re.compile(r"application/json\s*(;.*)?$", re.IGNORECASE)
+NOT_EVENTS = ("/health/liveness", "/health/readiness", "/metrics", *fastpath.FRAMEWORK_PATHS)
+
+
+def _binary_event(environ: dict, raw: bytes) -> CloudEvent | None:
+    """What from_http makes of a binary-mode CloudEvent 1.0 with a JSON object as data (None
+    for any other request: from_http decides those)."""
+    if environ.get("HTTP_CE_SPECVERSION") != "1.0" or not all(environ.get(k) for k in REQUIRED):
+        return None
+    if not JSON_TYPE.match(environ.get("CONTENT_TYPE", "")):
+        return None
+    attributes = {"datacontenttype": environ["CONTENT_TYPE"]}
+    for key, value in environ.items():
+        if key.startswith("HTTP_CE_"):
+            name = key[8:].lower()
+            if not name.isalnum():  # attribute names are [a-z0-9]: leave oddities to from_http
+                return None
+            attributes[name] = value
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return CloudEvent(attributes, data)
+
+
+def _fast(environ: dict):
+    if environ["REQUEST_METHOD"] != "POST" or "HTTP_CE_SPECVERSION" not in environ \
+            or environ.get("PATH_INFO") in NOT_EVENTS:
+        return None
+    raw = fastpath.read_body(environ, MAX_BODY)
+    if raw is None:
+        return None
+    try:
+        event = _binary_event(environ, raw)
+        if event is None:
+            fastpath.replay(environ, raw)
+            return None
+        return _on_event(event)
+    except Exception:  # as in bind(): a bug must not become a 500 that Knative drops
+        log.exception("unexpected error")
+        return _reply(503, error="internal error in bind; the event will be redelivered")
+
+
+fastpath.install(_fast)

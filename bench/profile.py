@@ -1,0 +1,268 @@
+"""Profiles of bind and mutate under load, on the local control plane, with py-spy
+(requirements-dev.txt). Writes, per scenario, into bench/profiles/ (or --out):
+  <name>.speedscope.json   the flame graph (open it in speedscope; made from py-spy's raw output)
+  <name>.txt               its top entries: functions by self time and by total time, and the
+                           share of samples in each layer of the request path
+
+    python -m bench.profile [--label before] [--pods 300] [--only bind-create-to-bound,...]
+
+Scenarios (each on its own fresh namespace):
+  bind-create-to-bound  pods created one after another, with the webhook, delivered by the event
+                        source stand-in (localcp/eventsource.py): what `make bench` compares with
+                        kube-scheduler; add events place pods, update events are ignored
+  bind-c1 / bind-c8     bind_throughput's load: one add event per pending pod, 1 or 8 senders
+  direct-c1 / direct-c8 its direct pods/binding loop (the profile is of an idle bind: the CPU
+                        figures are the point, the API server's per binding)
+  kube-scheduler-create-to-bound  the same with kube-scheduler placing (for its CPU figures)
+  mutate                pod creation one after another with the webhook registered; the event
+                        source and bind place them meanwhile, as in a cluster
+py-spy samples the thread holding the GIL (--gil) in the function's processes (functions-framework's
+gunicorn master and worker, --subprocesses). Alongside, the CPU time each process of the stack
+used during the scenario, per pod (from /proc: user + system).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from localcp.cluster import REPO
+from localcp.eventsource import Sender, cloudevent_headers
+from localcp.stack import LocalStack
+
+from . import run
+
+PY_SPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+OUT = REPO / "bench" / "profiles"
+
+# Layers of the request path, by the first frame that names one (innermost wins): a sample counts
+# toward the innermost layer it is in, so the shares add up to 100 %.
+LAYERS = [
+    ("gunicorn worker/arbiter (accept, poll, parse, write)", ("gunicorn/",)),
+    ("werkzeug/flask request handling", ("werkzeug/", "flask/")),
+    ("functions-framework", ("functions_framework/",)),
+    ("cloudevents from_http", ("cloudevents/",)),
+    ("bind/mutate handler (own code)", ("functions/bind/main.py", "functions/mutate/main.py")),
+    ("placer and core", ("functions/bind/placer.py", "gpu_scheduler/")),
+    ("Event recorder", ("functions/bind/recorder.py",)),
+    ("kubeapi client", ("kubeapi/",)),
+    ("urllib3/http.client/ssl/socket", ("urllib3/", "http/client.py", "ssl.py", "socket.py")),
+    ("json", ("json/",)),
+    ("logging (jsonlog)", ("logging/", "gpu_scheduler/jsonlog.py")),
+    ("prometheus_client", ("prometheus_client/",)),
+]
+
+
+def record(pid: int, name: str, out: Path, rate: int):
+    """Start py-spy on pid and its children; returns a stop() that ends it and writes the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    raw = out / f"{name}.raw.txt"
+    # --gil: only the thread holding the GIL, i.e. where the function spends Python CPU. (Without
+    # it, py-spy on this machine counts threads blocked in epoll or a queue as running.)
+    spy = subprocess.Popen([PY_SPY, "record", "--pid", str(pid), "--subprocesses", "--rate", str(rate),
+                            "--nonblocking", "--gil", "--format", "raw", "-o", str(raw)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attaches
+
+    def stop() -> None:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+        text = raw.read_text() if raw.exists() else ""
+        (out / f"{name}.txt").write_text(summarize(text))
+        (out / f"{name}.speedscope.json").write_text(json.dumps(speedscope(text, name)))
+        raw.unlink(missing_ok=True)  # the speedscope file holds the same samples
+    return stop
+
+
+def speedscope(raw: str, name: str) -> dict:
+    """py-spy's raw (collapsed) stacks as a speedscope "sampled" profile."""
+    frames: dict[str, int] = {}
+    samples, weights = [], []
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        samples.append([frames.setdefault(_short(f), len(frames)) for f in _frames(stack)])
+        weights.append(int(count))
+    return {"$schema": "https://www.speedscope.app/file-format-schema.json", "name": name,
+            "shared": {"frames": [{"name": f} for f in frames]},
+            "profiles": [{"type": "sampled", "name": name, "unit": "none", "startValue": 0,
+                          "endValue": sum(weights), "samples": samples, "weights": weights}]}
+
+
+def _frames(stack: str) -> list[str]:
+    # py-spy raw: "process;thread;fn (file:line);fn (file:line) count"; keep "fn (file)"
+    frames = []
+    for frame in stack.split(";"):
+        if "(" in frame:
+            fn, _, where = frame.partition(" (")
+            frames.append(f"{fn} ({where.rsplit(':', 1)[0].rstrip(')')})")
+    return frames
+
+
+def _short(frame: str) -> str:
+    fn, _, path = frame.rpartition(" (")
+    for marker in ("site-packages/", "lib/python3.11/", str(REPO) + "/"):
+        if marker in path:
+            return f"{fn} ({path.split(marker, 1)[1]}"
+    return frame
+
+
+def summarize(raw: str, top: int = 30) -> str:
+    own, total = collections.Counter(), collections.Counter()
+    layers = collections.Counter()
+    samples = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [_short(f) for f in _frames(stack)]
+        if not frames:
+            continue
+        own[frames[-1]] += n
+        for f in set(frames):
+            total[f] += n
+        layer = "other (interpreter, threading, imports)"
+        for frame in reversed(frames):
+            hit = next((label for label, keys in LAYERS if any(k in frame for k in keys)), None)
+            if hit:
+                layer = hit
+                break
+        layers[layer] += n
+    lines = [f"samples (the thread holding the GIL): {samples}", "", "share of samples by innermost layer of the request path:"]
+    lines += [f"  {n / samples:6.1%}  {label}" for label, n in layers.most_common()] if samples else []
+    lines += ["", f"top {top} by self time:"]
+    lines += [f"  {n / samples:6.1%}  {f}" for f, n in own.most_common(top)] if samples else []
+    lines += ["", f"top {top} by total time (self + callees):"]
+    lines += [f"  {n / samples:6.1%}  {f}" for f, n in total.most_common(top)] if samples else []
+    return "\n".join(lines) + "\n"
+
+
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """user + system CPU of pid and its live children, in seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children") if children else None
+    if children and children.exists():
+        pids += [int(c) for c in children.read_text().split()]
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def cpu_meter(stack: LocalStack):
+    """Returns a read() giving CPU ms used by each process of the stack (and this one) since now."""
+    pids = {name: p.pid for name, p in stack.cp.processes.items()}
+    bench = "bench (creator, event source, senders)"
+    pids[bench] = os.getpid()  # its children (py-spy, kubectl) are not counted
+
+    def cpu(name: str) -> float:
+        return cpu_seconds(pids[name], children=name != bench)
+    start = {name: cpu(name) for name in pids}
+
+    def read() -> dict[str, float]:
+        return {name: (cpu(name) - start[name]) * 1000 for name in pids}
+    return read
+
+
+def measured(stack: LocalStack, name: str, pods: int, args, work) -> dict:
+    """Runs work() under py-spy (the bind or mutate process) and the CPU meter."""
+    target = "mutate" if name.startswith("mutate") else "bind"
+    stop = record(stack.cp.processes[target].pid, f"{name}{args.suffix}", args.out, args.rate)
+    meter = cpu_meter(stack)
+    started = time.perf_counter()
+    figure = work()
+    wall = time.perf_counter() - started
+    cpu = meter()
+    stop()
+    per_pod = {k: round(v / pods, 2) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+    text = "\n".join(f"  {v:7.2f} ms  {k}" for k, v in per_pod.items())
+    summary = (f"{name}: {figure}\nwall {wall:.2f} s for {pods} pods; CPU per pod by process "
+               f"(2 cores: at most {2000 * wall / pods:.2f} ms per pod in all):\n{text}\n")
+    path = args.out / f"{name}{args.suffix}.txt"
+    path.write_text(summary + "\n" + path.read_text())
+    print(summary, flush=True)
+    return {"figure": figure, "cpu_ms_per_pod": per_pod, "wall_s": wall}
+
+
+def bind_load(stack: LocalStack, pending: list[dict], concurrency: int) -> float:
+    sender = Sender(stack.bind_url, delays=())
+
+    def via_bind(p):
+        answer = sender.http.request("POST", stack.bind_url, body=json.dumps(p).encode(),
+                                     headers=cloudevent_headers("add", p, stack.cp.server))
+        assert json.loads(answer.data)["result"] == "Bound", answer.data
+    return len(pending) / run.parallel(via_bind, pending, concurrency)
+
+
+def direct_load(stack: LocalStack, pending: list[dict], concurrency: int) -> float:
+    """bench/run.py's direct loop: pods/binding with the kubernetes client, as bind's account."""
+    from kubernetes import client, config
+    api = client.CoreV1Api(config.new_client_from_config(str(stack.bind_kubeconfig)))
+
+    def via_client(p):
+        m = p["metadata"]
+        api.create_namespaced_pod_binding(m["name"], m["namespace"], {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": m["name"], "uid": m["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node1"}}, _preload_content=False).release_conn()
+    return len(pending) / run.parallel(via_client, pending, concurrency)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", default="", help="suffix of the files, e.g. before / after-step-1")
+    parser.add_argument("--pods", type=int, default=300)
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--only", default="bind-create-to-bound,kube-scheduler-create-to-bound,mutate,bind-c1,direct-c1,bind-c8,direct-c8")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    args.suffix = f"-{args.label}" if args.label else ""
+    n = args.pods
+    figures = {}
+    with LocalStack(webhook=True, event_source=True) as stack:
+        if "bind-create-to-bound" in only:
+            figures["bind-create-to-bound"] = measured(stack, "bind-create-to-bound", n, args,
+                                                       lambda: run.create_to_bound(stack, n, "bind"))
+        if "kube-scheduler-create-to-bound" in only:  # no profile of interest: the CPU figures
+            figures["kube-scheduler"] = measured(stack, "kube-scheduler-create-to-bound", n, args,
+                                                 lambda: run.create_to_bound(stack, n, "kube-scheduler"))
+        if "mutate" in only:
+            figures["mutate"] = measured(stack, "mutate", n, args, lambda: {"create_p50_ms": 1000 * run.statistics.median(
+                run.create_latencies(stack, n, run.map_for(n)))})
+        stack.unregister_webhook()
+        stack.source.stop()
+        stack.source = None
+        time.sleep(1)
+        for c in (1, 8):
+            if f"bind-c{c}" in only:
+                pending = run.pending_pods(stack, n, run.map_for(n))
+                figures[f"bind-c{c}"] = measured(stack, f"bind-c{c}", n, args,
+                                                 lambda: {"pods_per_s": bind_load(stack, pending, c)})
+            if f"direct-c{c}" in only:  # for the API server's CPU per binding without bind's Event
+                pending = run.pending_pods(stack, n, run.map_for(n))
+                figures[f"direct-c{c}"] = measured(stack, f"direct-c{c}", n, args,
+                                                   lambda: {"pods_per_s": direct_load(stack, pending, c)})
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,rss]
+Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from localcp.stack import LocalStack
+
+from . import run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods", type=int, default=300)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--only", default="throughput,admission,cold,peers")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    results: dict = {"when": time.strftime("%H:%M:%S"), "pods": args.pods, "reps": args.reps}
+    if only & {"throughput", "admission", "cold"}:
+        with LocalStack(webhook=False, event_source=False) as stack:
+            if "throughput" in only:
+                results["bind_throughput"] = {str(c): f for c, f in run.bind_throughput(stack, args.pods, args.reps).items()}
+                results["peak_rss_mb"] = {"bind": run.peak_rss_mb(stack.cp.processes["bind"].pid)}
+            if "admission" in only:
+                results["admission"] = run.admission_overhead(stack, args.pods, args.reps)
+                results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
+            if "cold" in only:
+                results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
+    if "peers" in only:
+        with LocalStack() as stack:
+            results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
+    for key, value in results.items():
+        if key == "bind_throughput":
+            for c, f in value.items():
+                print(f"bind/direct c={c}: {f['ratio']:.2f} ({f['bind_pods_per_s']:.0f}/{f['direct_pods_per_s']:.0f}/s)"
+                      f" runs bind {[round(x) for x in f['runs_bind']]} direct {[round(x) for x in f['runs_direct']]}")
+        elif key == "admission":
+            print(f"admission median ratio {value['median_ratio']:.2f} ({value['without_ms']['p50']:.1f} -> "
+                  f"{value['with_ms']['p50']:.1f} ms), p99 ratio {value['p99_ratio']:.2f}")
+        elif key == "placement_peers":
+            print(f"create-to-bound bind/kube-scheduler {value['ratio']:.2f} ({value['bind']['bound_per_s']:.1f}/"
+                  f"{value['kube-scheduler']['bound_per_s']:.1f}/s; creation {value['bind']['create_per_s']:.1f}/"
+                  f"{value['kube-scheduler']['create_per_s']:.1f}/s) runs {json.dumps(value['bind']['runs'])} "
+                  f"{json.dumps(value['kube-scheduler']['runs'])}")
+        elif key == "cold_start_s":
+            print("cold start " + ", ".join(f"{t} {statistics.median(v):.2f} s" for t, v in value.items()))
+        else:
+            print(f"{key}: {value}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The functions' own WSGI path in front of functions-framework's Flask app, for the one kind of
+request each function gets thousands of (bind: a binary-mode CloudEvent; mutate: an
+AdmissionReview). Everything else (health, metrics, wrong methods, anything unusual) still goes
+through Flask and the function's Flask handler, unchanged.
+
+Why: per request, Flask, werkzeug and functions-framework's wrappers cost more of bind's CPU than
+bind's own decision (bench/profiles/, README "Performance"). Users still run
+`functions-framework --target bind`: the function's module is executed by functions-framework
+inside its Flask app's context, and installs this there, in front of that app's WSGI callable.
+GPU_SCHEDULER_FAST_PATH=off leaves every request to Flask (tests/test_fastpath.py compares the two).
+Like jsonlog, a helper of the shells, not of the pure core.
+"""
+from __future__ import annotations
+
+import os
+from http import HTTPStatus
+from typing import Callable, Iterable, Optional
+
+# A fast handler: the WSGI environ -> (body, status, headers), or None to leave it to Flask.
+Handler = Callable[[dict], Optional[tuple]]
+
+# functions-framework's own routes besides the function: Flask answers them (404).
+FRAMEWORK_PATHS = ("/robots.txt", "/favicon.ico")
+_REASONS = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
+
+
+def install(handler: Handler) -> bool:
+    """Put `handler` in front of the Flask app functions-framework is loading this module into.
+    False (and nothing installed) outside functions-framework, or when it is asked to log
+    execution ids (LOG_EXECUTION_ID), which only its own wrappers do."""
+    try:
+        import flask
+    except ImportError:  # pragma: no cover
+        return False
+    if not flask.has_app_context() or os.environ.get("LOG_EXECUTION_ID", "").lower() in ("true", "1"):
+        return False
+    if os.environ.get("GPU_SCHEDULER_FAST_PATH", "on").lower() in ("off", "0", "false", "no"):
+        return False
+    app = flask.current_app._get_current_object()
+    flask_app = app.wsgi_app
+
+    def wsgi_app(environ: dict, start_response) -> Iterable[bytes]:
+        answer = handler(environ)
+        if answer is None:
+            return flask_app(environ, start_response)
+        body, status, headers = answer
+        if isinstance(body, str):
+            body = body.encode()
+        start_response(_REASONS.get(status) or f"{status} Unknown",
+                       [*headers.items(), ("Content-Length", str(len(body)))])
+        return [body]
+
+    app.wsgi_app = wsgi_app
+    return True
+
+
+def read_body(environ: dict, limit: int) -> bytes | None:
+    """The request body when it declares a length of at most `limit` bytes, else None (the
+    caller leaves the request to Flask, which answers as before)."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or -1)
+    except ValueError:
+        return None
+    if not 0 <= length <= limit:
+        return None
+    return environ["wsgi.input"].read(length)
+
+
+def replay(environ: dict, body: bytes) -> None:
+    """Give Flask the body read by read_body, when the fast handler leaves the request to it."""
+    import io
+    environ["wsgi.input"] = io.BytesIO(body)
