@@ -15,9 +15,9 @@ from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import CloudEvent, from_http
 from flask import Request
 
+from authn import SinkAuthenticator, Unavailable
 from gpu_scheduler import fastpath, jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
-from authn import SinkAuthenticator, Unavailable
 from gpu_scheduler.sinkauth import Unauthenticated
 from placer import Placer
 
@@ -56,13 +56,9 @@ def _handle(request: Request):
         return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":
         return _reply(405, error=f"{request.method} {request.path}: POST a CloudEvent")
-    if sink_auth is not None:
-        try:
-            sink_auth.check(request.headers.get("Authorization"))
-        except Unauthenticated as refusal:  # 401: Knative does not redeliver it
-            return _reply(401, error=f"unauthenticated: {refusal}")
-        except Unavailable as error:
-            return _reply(503, error=f"cannot authenticate the sender now: {error}")
+    refused = _sender_refused(request.headers.get("Authorization"))
+    if refused:
+        return refused
     raw = request.stream.read(MAX_BODY + 1)
     if len(raw) > MAX_BODY:
         return _reply(413, error=f"body is larger than {MAX_BODY} bytes")
@@ -71,6 +67,20 @@ def _handle(request: Request):
     except (CloudEventError, ValueError) as error:
         return _reply(400, error=f"malformed CloudEvent: {error}")
     return _on_event(event)
+
+
+def _sender_refused(authorization: str | None):
+    """The reply refusing the sender, or None when it may send (or sink authentication is off).
+    Both paths ask it before reading the body."""
+    if sink_auth is None:
+        return None
+    try:
+        sink_auth.check(authorization)
+    except Unauthenticated as refusal:  # 401: Knative does not redeliver it
+        return _reply(401, error=f"unauthenticated: {refusal}")
+    except Unavailable as error:
+        return _reply(503, error=f"cannot authenticate the sender now: {error}")
+    return None
 
 
 def _on_event(event: CloudEvent):
@@ -123,6 +133,13 @@ def _fast(environ: dict):
     if environ["REQUEST_METHOD"] != "POST" or "HTTP_CE_SPECVERSION" not in environ \
             or environ.get("PATH_INFO") in NOT_EVENTS:
         return None
+    try:
+        refused = _sender_refused(environ.get("HTTP_AUTHORIZATION"))
+        if refused:
+            return refused
+    except Exception:  # as in bind()
+        log.exception("unexpected error")
+        return _reply(503, error="internal error in bind; the event will be redelivered")
     raw = fastpath.read_body(environ, MAX_BODY)
     if raw is None:
         return None
