@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .placement import Resolved, metadata, spec
-from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, parse_map, parsed_cost
+from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, claims_cost, parse_map, shown
 
 CUDA, NVIDIA = "cuda", "nvidia"
 MODES = (CUDA, NVIDIA)
@@ -35,9 +35,7 @@ def device_mode(pod: Mapping[str, Any], default: str = CUDA) -> str:
     annotations = metadata(pod).get("annotations")
     mode = annotations.get(MODE_ANNOTATION, default) if isinstance(annotations, Mapping) else default
     if mode not in MODES:
-        shown = repr(mode[:60] + "...") if isinstance(mode, str) and len(mode) > 60 else (
-            repr(mode) if isinstance(mode, str) else f"a {type(mode).__name__}")
-        raise ModeError(f"annotation {MODE_ANNOTATION} is {shown}; expected one of {', '.join(MODES)}")
+        raise ModeError(f"annotation {MODE_ANNOTATION} is {shown(mode)}; expected one of {', '.join(MODES)}")
     return mode
 
 
@@ -74,7 +72,7 @@ def _compute_claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
 # {(node, device): indexes given it}, once per map rather than once per pod; bounded in bytes like
 # the parsed maps it is built from (schedmap.BoundedCache).
 _claims: BoundedCache[str, Mapping[tuple[str, str], tuple[int, ...]]] = BoundedCache(
-    _compute_claims, parsed_cost, max_bytes=MAP_CACHE_BYTES, max_entries=64)
+    _compute_claims, claims_cost, max_bytes=MAP_CACHE_BYTES, max_entries=64)
 
 
 def shared_devices(resolved: Resolved) -> dict[str, list[int]]:

@@ -10,10 +10,10 @@ never guess.
 from __future__ import annotations
 
 import re
-import reprlib
 from typing import Any, Mapping
 
 from .schedmap import MAX_INDEX_DIGITS
+from .schedmap import shown as _shown
 
 STATEFULSET_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -28,18 +28,6 @@ class IndexUnknown(ValueError):
 def _string_map(meta: Mapping[str, Any], field: str) -> Mapping[str, Any]:
     value = meta.get(field)
     return value if isinstance(value, Mapping) else {}
-
-
-# Values from the pod as messages quote them: a few levels, items and characters, never the repr
-# of a whole (possibly huge or deeply nested) value.
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxlong = 2, 4, 4, 60, 40
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:60] + "...")
-    return _REPR.repr(value)
 
 
 def _to_int(digits: str, where: str) -> int:

@@ -25,6 +25,7 @@ names the first MAX_PROBLEMS_SHOWN problems with their lines and counts the rest
 from __future__ import annotations
 
 import re
+import reprlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ MAX_PROBLEMS_SHOWN = 5  # problems a MapError names; the rest are counted
 MAX_NODE_NAME = 253
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 _NODE_NAME = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _DIGITS = re.compile(r"[0-9]+")
 # nvidia-smi -L prints `GPU-<uuid>`, MIG devices as `MIG-<uuid>` or (R450/R460) `MIG-GPU-<uuid>/<gi>/<ci>`.
@@ -83,6 +85,54 @@ class MapError(ValueError):
 def _quote(text: str) -> str:
     shown = text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
     return repr(shown)
+
+
+# Any JSON value as a message quotes it: a few levels, items and characters; never the repr of a
+# whole value, which may be megabytes long or nested a thousand levels deep.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxlong = 2, 4, 4, _SHOWN, 40
+
+
+def shown(value: object) -> str:
+    """`value` quoted for an error message, bounded in size whatever it is."""
+    return _quote(value) if isinstance(value, str) else _REPR.repr(value)
+
+
+# A pod is about 10 levels deep (spec.containers[].env[].valueFrom.fieldRef.fieldPath); 64 leaves
+# room for any real object and keeps every later step (copies, json.dumps, logging) far from
+# Python's recursion limit.
+MAX_NESTING = 64
+
+
+def nesting_exceeds(value: object, limit: int = MAX_NESTING) -> bool:
+    """Whether JSON `value` nests lists and objects more than `limit` levels deep. Iterative and
+    linear, so it cannot itself hit the recursion limit."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+MAX_NAMESPACE = 63
+
+
+def is_dns_subdomain(text: object) -> bool:
+    """A DNS-1123 subdomain of at most 253 characters: node names, pod names."""
+    return isinstance(text, str) and len(text) <= MAX_NODE_NAME and _NODE_NAME.fullmatch(text) is not None
+
+
+def is_dns_label(text: object) -> bool:
+    """A DNS-1123 label of at most 63 characters: namespaces."""
+    return isinstance(text, str) and len(text) <= MAX_NAMESPACE and _DNS_LABEL_RE.fullmatch(text) is not None
 
 
 def _line_problem(number: int, line: str, why: str) -> str:
@@ -177,7 +227,7 @@ class BoundedCache(Generic[K, V]):
     """A least-recently-used cache bounded in (estimated) bytes as well as in entries: distinct
     large inputs, which anyone who may create a pod can send, cannot grow the process past
     `max_bytes`. `cost(key)` estimates what keeping the key and its value costs; a key that would
-    take more than `max_bytes / 4` is computed every time, never kept. Thread-safe."""
+    take more than `max_bytes / 2` is computed every time, never kept. Thread-safe."""
 
     def __init__(self, compute: Callable[[K], V], cost: Callable[[K], int], max_bytes: int, max_entries: int):
         self._compute, self._cost = compute, cost
@@ -194,7 +244,7 @@ class BoundedCache(Generic[K, V]):
                 return hit[0]
         value = self._compute(key)  # outside the lock: other requests need not wait for this one
         cost = self._cost(key)
-        if cost > self.max_bytes // 4:
+        if cost > self.max_bytes // 2:
             return value
         with self._lock:
             if key not in self._items:
@@ -214,16 +264,21 @@ class BoundedCache(Generic[K, V]):
             self.bytes = 0
 
 
-# A parsed map costs about this many bytes per character of its text (ints, Placements, tuples,
-# strings), measured with tracemalloc on maps of short and long lines (tests/test_hostile.py holds
-# the estimate above the measurement).
+# A parsed map keeps at most about 22 bytes per character of its text (ints, Placements, tuples,
+# strings; measured with tracemalloc, 10000 entries `i=a:0`), its device claims (devices.py) about
+# 42 (128 devices per entry). The estimates stay above that (tests/test_hostile.py measures), so
+# each cache holds at most MAP_CACHE_BYTES; a map of more than half of it is parsed every time.
 PARSED_BYTES_PER_CHAR = 40
-PARSED_BYTES_FIXED = 2048
-MAP_CACHE_BYTES = 24 * 1024 * 1024
+CLAIMS_BYTES_PER_CHAR = 64
+MAP_CACHE_BYTES = 16 * 1024 * 1024
 
 
 def parsed_cost(text: str) -> int:
-    return PARSED_BYTES_FIXED + PARSED_BYTES_PER_CHAR * len(text)
+    return 2048 + PARSED_BYTES_PER_CHAR * len(text)
+
+
+def claims_cost(text: str) -> int:
+    return 2048 + CLAIMS_BYTES_PER_CHAR * len(text)
 
 
 def parse_map(text: str) -> Mapping[int, Placement]:

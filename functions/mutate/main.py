@@ -5,17 +5,24 @@ Run locally:  functions-framework --source functions/mutate/main.py --target mut
 import json
 import logging
 import os
+import socket
 import time
 
 import functions_framework
 import prometheus_client as prom
 from flask import Request
+from functions_framework.exceptions import RequestTimeoutException
 
 from gpu_scheduler import jsonlog
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
+# The API server waits timeoutSeconds (5 s, knative/webhook.yaml) for the answer. A body still
+# arriving after 2 s comes from something that is not the API server (which sends it at once),
+# and must not hold one of the threads until the caller has given up.
+BODY_SECONDS = float(os.environ.get("BODY_TIMEOUT_SECONDS", "2"))
+READ_CHUNK = 64 * 1024
 HEALTH = ("/health/liveness", "/health/readiness")
 
 logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
@@ -36,10 +43,44 @@ def _error(status, message):
     return json.dumps({"error": message}), status, {"Content-Type": "application/json"}
 
 
+class SlowBody(Exception):
+    pass
+
+
+def read_body(request: Request, limit: int, seconds: float) -> bytes:
+    """At most `limit` + 1 bytes of the body, all within `seconds` (SlowBody otherwise). Under
+    gunicorn the socket's timeout is set to what is left before each read, so a client that
+    stalls or trickles cannot keep this thread past the deadline."""
+    sock = request.environ.get("gunicorn.socket")
+    deadline = time.monotonic() + seconds
+    chunks, size = [], 0
+    try:
+        while size <= limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SlowBody()
+            if sock is not None:
+                sock.settimeout(left)
+            chunk = request.stream.read(min(READ_CHUNK, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (socket.timeout, TimeoutError):
+        raise SlowBody() from None
+    finally:
+        if sock is not None:
+            sock.settimeout(None)
+    return b"".join(chunks)
+
+
 @functions_framework.http
 def mutate(request: Request):
     try:
         return _handle(request)
+    except RequestTimeoutException:  # the server's per-request limit (REQUEST_TIMEOUT in README)
+        log.warning("request cut off: it ran past the server's request timeout")
+        return _error(503, "mutate cut this request off: it ran past the request timeout")
     except Exception:  # never a stack trace to the API server: log it, answer a JSON error
         log.exception("unexpected error")
         return _error(503, "internal error in mutate")
@@ -55,14 +96,19 @@ def _handle(request: Request):
     if (request.content_length or 0) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     started = time.perf_counter()
-    raw = request.stream.read(MAX_BODY + 1)
+    try:
+        raw = read_body(request, MAX_BODY, BODY_SECONDS)
+    except SlowBody:
+        return _error(408, f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     try:
         review = parse_review(json.loads(raw))
-    except (ValueError, RecursionError) as error:  # JSONDecodeError and ReviewError are ValueErrors
+    except RecursionError:
+        return _error(400, "malformed JSON: body nested too deeply")
+    except ValueError as error:  # JSONDecodeError and ReviewError are ValueErrors
         kind = "AdmissionReview" if isinstance(error, ReviewError) else "JSON"
-        return _error(400, f"malformed {kind}: {error}")
+        return _error(400, f"malformed {kind}: {str(error)[:500]}")
     decision = decide(review, DEVICE_ENV_MODE)
     elapsed = time.perf_counter() - started
     DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
