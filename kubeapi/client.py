@@ -12,12 +12,24 @@ import os
 import threading
 import time
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote as _quote_with_slash, urlencode
 
 import urllib3
 from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
+
+def quote(segment: str) -> str:
+    """One path segment, escaped completely, so a name can never add, remove or climb segments
+    of the URL: '/' (and '?', '#', '%') escaped, and the dot segments '.' and '..', which urllib3
+    would resolve away ('/pods/../x' is sent as '/x'), as %2E. An empty segment would drop the
+    name and turn a read into a list: refused."""
+    if not isinstance(segment, str) or not segment:
+        raise ValueError(f"an API path segment must be a non-empty string, not {segment!r}")
+    if segment in (".", ".."):
+        return segment.replace(".", "%2E")
+    return _quote_with_slash(segment, safe="")
+
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

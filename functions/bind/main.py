@@ -3,22 +3,32 @@ gpu_scheduler.binding; the Kubernetes calls live in placer.py.
 
 Run locally:  functions-framework --source functions/bind/main.py --target bind
 Knative retries only on connection errors and 404/413/425/429/502/503/504, so: transient API
-failures answer 503, permanent ones 200 with the reason in the body, malformed events 400.
+failures answer 503, permanent ones 200 with the reason in the body, malformed events 400 (an
+oversized body too: 413 would be redelivered five times, and no larger body ever becomes a pod
+event).
 """
 import json
 import logging
+import os
+import socket
+import time
 
 import functions_framework
 import prometheus_client as prom
 from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import from_http
 from flask import Request
+from functions_framework.exceptions import RequestTimeoutException
 
 from gpu_scheduler import jsonlog
-from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
+from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
+from gpu_scheduler.schedmap import shown
 from placer import Placer
 
-MAX_BODY = 3 * 1024 * 1024
+MAX_BODY = 3 * 1024 * 1024  # the API server's request limit: no pod, so no pod event, is larger
+# The adapters send a whole body at once; one still arriving after this is not theirs.
+BODY_SECONDS = float(os.environ.get("BODY_TIMEOUT_SECONDS", "2"))
+READ_CHUNK = 64 * 1024
 
 logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("bind")
@@ -27,16 +37,51 @@ placer = Placer.from_environment()  # configuration read once, at start; the cli
 
 
 def _reply(status, kind="", **body):
-    EVENTS.labels(kind or "none", str(status)).inc()
+    # The label comes from a fixed set: a sender choosing types cannot grow the metrics.
+    EVENTS.labels(event_type_label(kind) if kind else "none", str(status)).inc()
     if status >= 400:
         log.info("answered %s", status, extra={"status": status, "event_type": kind, "reply": body})
     return json.dumps(body), status, {"Content-Type": "application/json"}
+
+
+class SlowBody(Exception):
+    pass
+
+
+def read_body(request: Request, limit: int, seconds: float) -> bytes:
+    """At most `limit` + 1 bytes of the body, all within `seconds` (SlowBody otherwise); the
+    socket's timeout is what is left before each read (under gunicorn), so a stalled or
+    trickling client cannot keep this thread."""
+    sock = request.environ.get("gunicorn.socket")
+    deadline = time.monotonic() + seconds
+    chunks, size = [], 0
+    try:
+        while size <= limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SlowBody()
+            if sock is not None:
+                sock.settimeout(left)
+            chunk = request.stream.read(min(READ_CHUNK, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (socket.timeout, TimeoutError):
+        raise SlowBody() from None
+    finally:
+        if sock is not None:
+            sock.settimeout(None)
+    return b"".join(chunks)
 
 
 @functions_framework.http
 def bind(request: Request):
     try:
         return _handle(request)
+    except RequestTimeoutException:  # the server's per-request limit: transient, so redelivered
+        log.warning("request cut off: it ran past the server's request timeout")
+        return _reply(503, error="bind cut this request off: it ran past the request timeout")
     except Exception:  # a bug must not become a 500 that Knative drops: log it, ask for redelivery
         log.exception("unexpected error")
         return _reply(503, error="internal error in bind; the event will be redelivered")
@@ -51,13 +96,23 @@ def _handle(request: Request):
         return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":
         return _reply(405, error=f"{request.method} {request.path}: POST a CloudEvent")
-    raw = request.stream.read(MAX_BODY + 1)
+    # 400, not 413: the adapter redelivers a 413 five times, and the answer cannot change.
+    if (request.content_length or 0) > MAX_BODY:
+        return _reply(400, error=f"body: larger than {MAX_BODY} bytes; no pod event is")
+    try:
+        raw = read_body(request, MAX_BODY, BODY_SECONDS)
+    except SlowBody:
+        return _reply(400, error=f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
-        return _reply(413, error=f"body is larger than {MAX_BODY} bytes")
+        return _reply(400, error=f"body: larger than {MAX_BODY} bytes; no pod event is")
     try:
         event = from_http(dict(request.headers), raw)
+    except RecursionError:  # structured mode's or the data's JSON nested past Python's limit
+        return _reply(400, error="malformed CloudEvent: JSON nested too deeply")
     except (CloudEventError, ValueError) as error:
-        return _reply(400, error=f"malformed CloudEvent: {error}")
+        if "RecursionError" in str(error):  # the SDK wraps the data's RecursionError in its own
+            return _reply(400, error="malformed CloudEvent: data: JSON nested too deeply")
+        return _reply(400, error=f"malformed CloudEvent: {str(error)[:500]}")
     kind = event["type"]
     if kind == PING:
         outcome = placer.resync()
@@ -65,9 +120,9 @@ def _handle(request: Request):
         try:
             pod = check_pod(event.data)
         except EventError as error:
-            return _reply(400, kind, error=f"malformed {kind} event {event['id']}: {error}")
+            return _reply(400, kind, error=f"malformed {kind} event {shown(event['id'])}: {error}")
         outcome = placer.place(pod)
     else:
         log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
-        return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")
+        return _reply(200, kind, result="ignored", why=f"event type {shown(kind)} is not handled")
     return _reply(503 if outcome.get("retry") else 200, kind, **outcome)
