@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 
 import functions_framework
@@ -28,7 +29,6 @@ from placer import Placer
 MAX_BODY = 3 * 1024 * 1024  # the API server's request limit: no pod, so no pod event, is larger
 # The adapters send a whole body at once; one still arriving after this is not theirs.
 BODY_SECONDS = float(os.environ.get("BODY_TIMEOUT_SECONDS", "2"))
-READ_CHUNK = 64 * 1024
 
 logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("bind")
@@ -48,31 +48,70 @@ class SlowBody(Exception):
     pass
 
 
+class _Overdue:
+    """Shuts the reading side of a socket whose body is overdue, so that a read blocked on it
+    ends (gunicorn reads a body until it has all of it, so a socket timeout alone never fires on
+    a client that sends a byte now and then). One thread, started when needed (functions-framework
+    forks after import: a thread made at import would not exist in the worker), gone when idle."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: dict[int, list] = {}
+        self._running = False
+
+    def watch(self, sock, deadline: float) -> list:
+        ticket = [deadline, sock, False]  # the last item: whether it was cut off
+        with self._lock:
+            self._due[id(ticket)] = ticket
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="body-deadlines", daemon=True).start()
+        return ticket
+
+    def unwatch(self, ticket: list) -> None:
+        with self._lock:
+            self._due.pop(id(ticket), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self._lock:
+                overdue = [t for t in self._due.values() if t[0] <= now]
+                for ticket in overdue:
+                    del self._due[id(ticket)]
+                    ticket[2] = True
+                if not self._due and not overdue:
+                    self._running = False
+                    return
+            for _, sock, _ in overdue:
+                try:
+                    sock.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+
+
+_overdue = _Overdue()
+
+
 def read_body(request: Request, limit: int, seconds: float) -> bytes:
-    """At most `limit` + 1 bytes of the body, all within `seconds` (SlowBody otherwise); the
-    socket's timeout is what is left before each read (under gunicorn), so a stalled or
-    trickling client cannot keep this thread."""
+    """At most `limit` + 1 bytes of the body, all within `seconds` (SlowBody otherwise). Under
+    gunicorn, a client that stalls or trickles has its socket's reading side shut at the deadline;
+    the answer can still be written."""
     sock = request.environ.get("gunicorn.socket")
-    deadline = time.monotonic() + seconds
-    chunks, size = [], 0
+    ticket = _overdue.watch(sock, time.monotonic() + seconds) if sock is not None else None
     try:
-        while size <= limit:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SlowBody()
-            if sock is not None:
-                sock.settimeout(left)
-            chunk = request.stream.read(min(READ_CHUNK, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except (socket.timeout, TimeoutError):
-        raise SlowBody() from None
+        raw = request.stream.read(limit + 1)
+    except Exception:  # gunicorn's NoMoreData and the like, once the socket is shut
+        if ticket is not None and ticket[2]:
+            raise SlowBody() from None
+        raise
     finally:
-        if sock is not None:
-            sock.settimeout(None)
-    return b"".join(chunks)
+        if ticket is not None:
+            _overdue.unwatch(ticket)
+    if ticket is not None and ticket[2]:
+        raise SlowBody()
+    return raw
 
 
 @functions_framework.http
