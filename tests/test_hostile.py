@@ -544,3 +544,87 @@ def test_bind_decision_for_a_hand_built_unconvertible_device_is_loud_not_a_bindi
     bind = Bind("ns", "w-0", "u", "node1", ("0", "9" * 5000))
     with pytest.raises(ValueError):
         bind.placement.device_indexes()
+
+
+# --------------------------------------------------------------------------- a slow client
+
+@pytest.fixture(scope="module")
+def gunicorn_mutate():
+    """mutate served as the local control plane serves it: gunicorn with localcp/mutate_gunicorn.py
+    (8 threads, the threaded request timeout), without TLS."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from conftest import REPO, free_port
+
+    port = free_port()
+    app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--no-control-socket",
+         "--config", "python:localcp.mutate_gunicorn", "--chdir", str(REPO), app],
+        env={**os.environ, "PYTHONPATH": str(REPO), "BODY_TIMEOUT_SECONDS": "1"}, cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveness", timeout=1)
+            break
+        except OSError:
+            assert time.monotonic() < deadline and process.poll() is None, "mutate did not start"
+            time.sleep(0.05)
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def test_a_body_that_never_finishes_is_cut_off_and_others_are_answered(gunicorn_mutate):
+    import socket
+    import threading
+    import urllib.request
+
+    port = gunicorn_mutate
+    stop = threading.Event()
+    answers: list[bytes] = []
+
+    def trickle():
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n{")
+            received = b""
+            while not stop.is_set() and b"\r\n\r\n" not in received:
+                try:
+                    sock.sendall(b" ")
+                    sock.settimeout(0.1)
+                    received += sock.recv(4096)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+            sock.settimeout(5)
+            try:
+                while b"}" not in received:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    received += chunk
+            except OSError:
+                pass
+            answers.append(received)
+
+    # More trickling clients than the server has threads: each is cut off at its deadline.
+    threads = [threading.Thread(target=trickle) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/", data=json.dumps(REVIEW).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200 and json.loads(response.read())["response"]["allowed"] is True
+    for thread in threads:
+        thread.join(30)
+    stop.set()
+    assert len(answers) == 10
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer, answer[:200]
