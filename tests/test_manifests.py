@@ -345,7 +345,7 @@ def test_mutate_never_scales_to_zero():
 # localcp/mutate_gunicorn.py reads too.
 @pytest.mark.parametrize("name, variables", [
     ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS"}),
-    ("mutate", {"LOG_LEVEL", "WORKERS", "THREADS", "CLOUD_RUN_TIMEOUT_SECONDS", "THREADED_TIMEOUT_ENABLED"})])
+    ("mutate", {"LOG_LEVEL", "WORKERS", "THREADS"})])
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables
     source = (REPO / "functions" / name / "main.py").read_text()

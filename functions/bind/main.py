@@ -19,7 +19,6 @@ import prometheus_client as prom
 from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import from_http
 from flask import Request
-from functions_framework.exceptions import RequestTimeoutException
 
 from gpu_scheduler import jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
@@ -118,9 +117,6 @@ def read_body(request: Request, limit: int, seconds: float) -> bytes:
 def bind(request: Request):
     try:
         return _handle(request)
-    except RequestTimeoutException:  # the server's per-request limit: transient, so redelivered
-        log.warning("request cut off: it ran past the server's request timeout")
-        return _reply(503, error="bind cut this request off: it ran past the request timeout")
     except Exception:  # a bug must not become a 500 that Knative drops: log it, ask for redelivery
         log.exception("unexpected error")
         return _reply(503, error="internal error in bind; the event will be redelivered")

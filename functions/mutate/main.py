@@ -12,7 +12,6 @@ import time
 import functions_framework
 import prometheus_client as prom
 from flask import Request
-from functions_framework.exceptions import RequestTimeoutException
 
 from gpu_scheduler import jsonlog
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
@@ -23,6 +22,12 @@ MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionRe
 # arriving after 2 s comes from something that is not the API server (which sends it at once),
 # and must not hold one of the threads until the caller has given up.
 BODY_SECONDS = float(os.environ.get("BODY_TIMEOUT_SECONDS", "2"))
+# A request still unanswered after 4 s is answered 503 at its next step (after its body, its turn
+# for a heavy body, its JSON decoding): the API server stops waiting at 5 s. Each step is bounded
+# (body 3 MiB, map 256 KiB), so none runs long past it. Cooperative, not functions-framework's
+# threaded timeout, which raises an exception asynchronously wherever the thread is (in one bench
+# run an answer came back cut short, most likely from it landing in gunicorn's writing).
+REQUEST_SECONDS = float(os.environ.get("REQUEST_TIMEOUT_SECONDS", "4"))
 # Bodies past HEAVY_BODY (a pod with a map of a few thousand entries, or something hostile) are
 # decided HEAVY_AT_ONCE at a time: under the GIL their CPU time would otherwise be taken from every
 # small review, and their memory (about 10 times the body while decoded) would add up per thread.
@@ -127,9 +132,6 @@ def read_body(request: Request, limit: int, seconds: float) -> bytes:
 def mutate(request: Request):
     try:
         return _handle(request)
-    except RequestTimeoutException:  # the server's per-request limit (REQUEST_TIMEOUT in README)
-        log.warning("request cut off: it ran past the server's request timeout")
-        return _error(503, "mutate cut this request off: it ran past the request timeout")
     except Exception:  # never a stack trace to the API server: log it, answer a JSON error
         log.exception("unexpected error")
         return _error(503, "internal error in mutate")
@@ -145,23 +147,32 @@ def _handle(request: Request):
     if (request.content_length or 0) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     started = time.perf_counter()
+    deadline = time.monotonic() + REQUEST_SECONDS
     try:
-        raw = read_body(request, MAX_BODY, BODY_SECONDS)
+        raw = read_body(request, MAX_BODY, min(BODY_SECONDS, REQUEST_SECONDS))
     except SlowBody:
         return _error(408, f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
         return _error(413, f"body is larger than {MAX_BODY} bytes")
     if len(raw) <= HEAVY_BODY:
-        return _decide(raw, started)
-    if not _heavy.acquire(timeout=HEAVY_WAIT_SECONDS):
-        return _error(503, f"busy: {HEAVY_AT_ONCE} other requests over {HEAVY_BODY} bytes are being decided")
+        return _decide(raw, started, deadline)
+    if not _heavy.acquire(timeout=max(0.0, min(HEAVY_WAIT_SECONDS, deadline - time.monotonic()))):
+        return _error(503, f"busy: {HEAVY_AT_ONCE} other request(s) over {HEAVY_BODY} bytes being decided")
     try:
-        return _decide(raw, started)
+        return _decide(raw, started, deadline)
     finally:
         _heavy.release()
 
 
-def _decide(raw: bytes, started: float):
+def _past(deadline: float):
+    if time.monotonic() > deadline:
+        return _error(503, f"the request took longer than {REQUEST_SECONDS:g} s; cut off")
+    return None
+
+
+def _decide(raw: bytes, started: float, deadline: float):
+    if late := _past(deadline):
+        return late
     try:
         review = parse_review(json.loads(raw))
     except RecursionError:
@@ -169,6 +180,8 @@ def _decide(raw: bytes, started: float):
     except ValueError as error:  # JSONDecodeError and ReviewError are ValueErrors
         kind = "AdmissionReview" if isinstance(error, ReviewError) else "JSON"
         return _error(400, f"malformed {kind}: {str(error)[:500]}")
+    if late := _past(deadline):
+        return late
     decision = decide(review, DEVICE_ENV_MODE)
     elapsed = time.perf_counter() - started
     DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
