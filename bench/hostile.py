@@ -318,7 +318,7 @@ def _p(values: list[float], q: float) -> float:
 
 # -- the section ------------------------------------------------------------------------------------
 def run(smoke: bool) -> dict:
-    return {"parse": parse_scaling(5 if smoke else 15),
+    return {"parse": parse_scaling(9 if smoke else 15),
             "memory": peak_memory(40 if smoke else 300),
             "under_attack": good_reviews_under_attack(30 if smoke else 400)}
 

@@ -628,3 +628,17 @@ def test_a_body_that_never_finishes_is_cut_off_and_others_are_answered(gunicorn_
     assert len(answers) == 10
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer, answer[:200]
+
+
+def test_a_request_past_its_deadline_is_answered_503_at_its_next_step():
+    # A deadline of 0 s: every review is past it once its body is in. Not a timing test: it shows
+    # the cut-off answers (a JSON error, the thread free), whatever step it comes at.
+    from conftest import FunctionServer
+
+    server = FunctionServer("mutate", {"REQUEST_TIMEOUT_SECONDS": "0", "LOG_LEVEL": "WARNING"})
+    try:
+        status, raw, _ = server.post(REVIEW)
+        assert status == 503 and "took longer than 0 s" in json.loads(raw)["error"]
+        assert server.get("/health/readiness")[0] == 200
+    finally:
+        server.stop()

@@ -149,7 +149,7 @@ def _handle(request: Request):
     started = time.perf_counter()
     deadline = time.monotonic() + REQUEST_SECONDS
     try:
-        raw = read_body(request, MAX_BODY, min(BODY_SECONDS, REQUEST_SECONDS))
+        raw = read_body(request, MAX_BODY, BODY_SECONDS)
     except SlowBody:
         return _error(408, f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
