@@ -642,3 +642,14 @@ def test_a_request_past_its_deadline_is_answered_503_at_its_next_step():
         assert server.get("/health/readiness")[0] == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("body", [b"null", b"[]", b"[{}]", b"5", b'"x"', b"  true", b'{"specversion": []}',
+                                  b'{"specversion": "1.0", "id": {}, "source": [], "type": 5}'])
+def test_bind_structured_mode_bodies_of_any_shape_are_400(fake_bind, body):
+    # Found by test_fuzz: the SDK raised AttributeError on a structured body that is a list or null.
+    client, install = fake_bind
+    api = install()
+    response = client.post("/", data=body, headers={"Content-Type": "application/cloudevents+json"})
+    assert answered_cleanly(response) and response.status_code in (200, 400), response.data
+    assert not api.calls

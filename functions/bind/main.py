@@ -140,8 +140,13 @@ def _handle(request: Request):
         return _reply(400, error=f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
         return _reply(400, error=f"body: larger than {MAX_BODY} bytes; no pod event is")
+    structured = (request.headers.get("Content-Type") or "").lower().startswith("application/cloudevents")
+    if structured and not raw.lstrip()[:1] == b"{":
+        return _reply(400, error="malformed CloudEvent: body: a structured-mode event must be a JSON object")
     try:
         event = from_http(dict(request.headers), raw)
+    except (AttributeError, TypeError) as error:  # the SDK's own, on shapes it does not expect
+        return _reply(400, error=f"malformed CloudEvent: {type(error).__name__}: {str(error)[:200]}")
     except RecursionError:  # structured mode's or the data's JSON nested past Python's limit
         return _reply(400, error="malformed CloudEvent: JSON nested too deeply")
     except (CloudEventError, ValueError) as error:
