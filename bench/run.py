@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from bench import hostile
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import REPO, ensure_built, free_port
 from localcp.eventsource import Sender, cloudevent_headers
@@ -409,6 +410,8 @@ def table(results: dict) -> str:
         for kind, m in r["memory"].items():
             label = f"real nodes: RSS of {m['count']} {kind} (MB total, largest)"
             rows.append(f"{label:<62} {m['total_mb']:>12.0f}, {m['each_max_mb']:.0f}")
+    if "hostile" in results:
+        rows += hostile.rows(results["hostile"])
     return "\n".join(rows)
 
 
@@ -425,6 +428,8 @@ def main() -> int:
           f" StatefulSet of {replicas}", flush=True)
     results["handler"] = {str(e): handler_alone(e, iterations) for e in (5, 1000)}
     results["handler"]["1000, every map new"] = handler_alone(1000, max(50, iterations // 20), fresh_map=True)
+    print("bench: hostile input (no control plane)", flush=True)
+    results["hostile"] = hostile.run(args.smoke)
     with LocalStack(webhook=False, event_source=False) as stack:
         results["machine"] = machine(stack)
         print("bench: bind throughput", flush=True)

@@ -17,6 +17,7 @@ from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .fit import node_affinity
 from .devices import CUDA, ModeError, device_env, device_mode, device_warnings
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
+from .schedmap import MAX_NESTING, nesting_exceeds, shown
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 CONTAINER_FIELDS = ("initContainers", "containers")
@@ -59,15 +60,19 @@ def _field(obj: Mapping[str, Any], key: str, path: str, kind: type, required: bo
     return value
 
 
+
 def parse_review(body: Any) -> Review:
     """Check the shape of a decoded AdmissionReview and keep what the decision needs."""
     if not isinstance(body, dict):
         raise ReviewError(f"body: expected a JSON object (an AdmissionReview), found {type(body).__name__}")
     if body.get("kind") != "AdmissionReview":
-        raise ReviewError(f"kind: expected 'AdmissionReview', found {body.get('kind')!r}")
+        raise ReviewError(f"kind: expected 'AdmissionReview', found {shown(body.get('kind'))}")
     api_version = body.get("apiVersion")
     if api_version not in API_VERSIONS:
-        raise ReviewError(f"apiVersion: expected one of {', '.join(API_VERSIONS)}, found {api_version!r}")
+        raise ReviewError(f"apiVersion: expected one of {', '.join(API_VERSIONS)}, found {shown(api_version)}")
+    # Before anything copies, encodes or logs it: no real pod comes near this depth.
+    if nesting_exceeds(body, MAX_NESTING):
+        raise ReviewError(f"body: nested more than {MAX_NESTING} levels deep; no AdmissionReview of a pod is")
     request = _field(body, "request", "", dict)
     uid = _field(request, "uid", "request.", str)
     if not uid:

@@ -8,13 +8,22 @@ from . import SCHEDULER_NAME
 from .devices import device_warnings
 from .fit import DEVICES_ANNOTATION
 from .placement import NotPlaceable, map_text, metadata, resolve, spec
-from .schedmap import Placement
+from .schedmap import MAX_NAMESPACE, MAX_NESTING, MAX_NODE_NAME, Placement, is_dns_label, is_dns_subdomain, \
+    nesting_exceeds, shown
 
 # CloudEvent types, as Knative's ApiServerSource (mode Resource) and PingSource send them.
 POD_ADD = "dev.knative.apiserver.resource.add"
 POD_UPDATE = "dev.knative.apiserver.resource.update"
 PING = "dev.knative.sources.ping"
 POD_EVENTS = (POD_ADD, POD_UPDATE)
+# The types bind may hear of; metrics label anything else "other", so a sender cannot grow them.
+KNOWN_EVENT_TYPES = frozenset({*POD_EVENTS, PING, "dev.knative.apiserver.resource.delete"})
+MAX_UID = 128  # Kubernetes UIDs are 36-character UUIDs
+
+
+def event_type_label(kind: Any) -> str:
+    """The metrics label of an event type: one of KNOWN_EVENT_TYPES, or "other"."""
+    return kind if kind in KNOWN_EVENT_TYPES else "other"
 
 # Field selector for the pods a resync must look at: ours and not yet bound.
 PENDING_SELECTOR = f"spec.schedulerName={SCHEDULER_NAME},spec.nodeName="
@@ -56,17 +65,28 @@ class EventError(ValueError):
 
 
 def check_pod(data: Any) -> Mapping[str, Any]:
-    """The pod in an event's data, with the fields a binding needs."""
+    """The pod in an event's data, with the fields a binding needs. Its name and namespace are
+    checked as the API server checks them (DNS-1123), because bind puts them in URL paths."""
     if not isinstance(data, Mapping):
         raise EventError(f"data: expected the pod as a JSON object, found {type(data).__name__}")
     if data.get("kind", "Pod") != "Pod":
-        raise EventError(f"data.kind: expected 'Pod', found {data.get('kind')!r}")
+        raise EventError(f"data.kind: expected 'Pod', found {shown(data.get('kind'))}")
+    if nesting_exceeds(data, MAX_NESTING):
+        raise EventError(f"data: nested more than {MAX_NESTING} levels deep; no pod is")
     meta = data.get("metadata")
     if not isinstance(meta, Mapping):
         raise EventError("data.metadata: expected an object")
     for key in ("name", "namespace", "uid"):
         if not isinstance(meta.get(key), str) or not meta[key]:
             raise EventError(f"data.metadata.{key}: expected a non-empty string")
+    if not is_dns_subdomain(meta["name"]):
+        raise EventError(f"data.metadata.name: {shown(meta['name'])} is not a pod name (a DNS-1123 subdomain:"
+                         f" at most {MAX_NODE_NAME} lowercase letters, digits, '-' and '.')")
+    if not is_dns_label(meta["namespace"]):
+        raise EventError(f"data.metadata.namespace: {shown(meta['namespace'])} is not a namespace (a DNS-1123"
+                         f" label: at most {MAX_NAMESPACE} lowercase letters, digits and '-')")
+    if len(meta["uid"]) > MAX_UID:
+        raise EventError(f"data.metadata.uid: {len(meta['uid'])} characters long; a UID has at most {MAX_UID}")
     if not isinstance(data.get("spec", {}), Mapping):
         raise EventError("data.spec: expected an object")
     return data

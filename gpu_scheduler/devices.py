@@ -11,11 +11,10 @@ exposes only the listed devices, and inside the container they are 0..k-1.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Mapping
 
-from .placement import Resolved, spec
-from .schedmap import Placement, parse_map
+from .placement import Resolved, metadata, spec
+from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, claims_cost, parse_map, shown
 
 CUDA, NVIDIA = "cuda", "nvidia"
 MODES = (CUDA, NVIDIA)
@@ -29,11 +28,14 @@ class ModeError(ValueError):
     pass
 
 
+SHOWN = 5  # devices a warning names; the rest are counted
+
+
 def device_mode(pod: Mapping[str, Any], default: str = CUDA) -> str:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    mode = annotations.get(MODE_ANNOTATION, default)
+    annotations = metadata(pod).get("annotations")
+    mode = annotations.get(MODE_ANNOTATION, default) if isinstance(annotations, Mapping) else default
     if mode not in MODES:
-        raise ModeError(f"annotation {MODE_ANNOTATION} is {mode!r}; expected one of {', '.join(MODES)}")
+        raise ModeError(f"annotation {MODE_ANNOTATION} is {shown(mode)}; expected one of {', '.join(MODES)}")
     return mode
 
 
@@ -47,7 +49,8 @@ def device_env(placement: Placement, mode: str = CUDA) -> dict[str, str]:
 
 def requests_gpus(pod: Mapping[str, Any]) -> bool:
     for field in ("initContainers", "containers"):
-        for container in spec(pod).get(field) or []:
+        containers = spec(pod).get(field)
+        for container in containers if isinstance(containers, list) else ():
             resources = container.get("resources") if isinstance(container, Mapping) else None
             if not isinstance(resources, Mapping):
                 continue
@@ -58,14 +61,18 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-@lru_cache(maxsize=64)
-def _claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
-    """{(node, device): indexes given it}, once per map rather than once per pod."""
+def _compute_claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
     claims: dict[tuple[str, str], list[int]] = {}
     for index, placement in sorted(parse_map(map_text).items()):
         for device in placement.devices:
             claims.setdefault((placement.node, device), []).append(index)
     return {key: tuple(indexes) for key, indexes in claims.items()}
+
+
+# {(node, device): indexes given it}, once per map rather than once per pod; bounded in bytes like
+# the parsed maps it is built from (schedmap.BoundedCache).
+_claims: BoundedCache[str, Mapping[tuple[str, str], tuple[int, ...]]] = BoundedCache(
+    _compute_claims, claims_cost, max_bytes=MAP_CACHE_BYTES, max_entries=64)
 
 
 def shared_devices(resolved: Resolved) -> dict[str, list[int]]:
@@ -81,7 +88,11 @@ def device_warnings(pod: Mapping[str, Any], resolved: Resolved) -> list[tuple[st
     warnings = []
     shared = shared_devices(resolved)
     if shared:
-        listed = "; ".join(f"device {d} also to index {', '.join(map(str, i[:5]))}" for d, i in shared.items())
+        listed = "; ".join(f"device {d} also to index {', '.join(map(str, i[:SHOWN]))}"
+                           + (f" and {len(i) - SHOWN} more" if len(i) > SHOWN else "")
+                           for d, i in list(shared.items())[:SHOWN])
+        if len(shared) > SHOWN:
+            listed += f"; and {len(shared) - SHOWN} more shared devices"
         warnings.append(("SharedDevices", f"pod index {resolved.index} shares GPUs on {resolved.placement.node}: {listed}"))
     if requests_gpus(pod):
         warnings.append(("GPUResourceRequested",

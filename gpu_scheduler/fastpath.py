@@ -13,6 +13,9 @@ Like jsonlog, a helper of the shells, not of the pure core.
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from http import HTTPStatus
 from typing import Callable, Iterable, Optional
 
@@ -70,3 +73,75 @@ def replay(environ: dict, body: bytes) -> None:
     """Give Flask the body read by read_body, when the fast handler leaves the request to it."""
     import io
     environ["wsgi.input"] = io.BytesIO(body)
+
+
+# -- a deadline for the body, on every path ---------------------------------------------------
+class SlowBody(Exception):
+    """The body did not arrive within its deadline."""
+
+
+class _Overdue:
+    """Shuts the reading side of a socket whose body is overdue, so that a read blocked on it
+    ends (gunicorn reads a body until it has all of it, so a socket timeout alone never fires on
+    a client that sends a byte now and then). One thread, started when needed (functions-framework
+    forks after import: a thread made at import would not exist in the worker), gone when idle."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: dict[int, list] = {}
+        self._running = False
+
+    def watch(self, sock, deadline: float) -> list:
+        ticket = [deadline, sock, False]  # the last item: whether it was cut off
+        with self._lock:
+            self._due[id(ticket)] = ticket
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="body-deadlines", daemon=True).start()
+        return ticket
+
+    def unwatch(self, ticket: list) -> None:
+        with self._lock:
+            self._due.pop(id(ticket), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self._lock:
+                overdue = [t for t in self._due.values() if t[0] <= now]
+                for ticket in overdue:
+                    del self._due[id(ticket)]
+                    ticket[2] = True
+                if not self._due and not overdue:
+                    self._running = False
+                    return
+            for _, sock, _ in overdue:
+                try:
+                    sock.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+
+
+_overdue = _Overdue()
+
+
+def read_within(environ: dict, read: Callable[[], Optional[bytes]], seconds: float) -> Optional[bytes]:
+    """`read()` (the body, or what the caller reads of it), all within `seconds` (SlowBody
+    otherwise). Under gunicorn, a client that stalls or trickles has its socket's reading side
+    shut at the deadline; the answer can still be written. Flask's path and the fast one both
+    read through it."""
+    sock = environ.get("gunicorn.socket")
+    ticket = _overdue.watch(sock, time.monotonic() + seconds) if sock is not None else None
+    try:
+        raw = read()
+    except Exception:  # gunicorn's NoMoreData and the like, once the socket is shut
+        if ticket is not None and ticket[2]:
+            raise SlowBody() from None
+        raise
+    finally:
+        if ticket is not None:
+            _overdue.unwatch(ticket)
+    if ticket is not None and ticket[2]:
+        raise SlowBody()
+    return raw

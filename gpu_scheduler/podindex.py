@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from .schedmap import MAX_INDEX_DIGITS
+from .schedmap import shown as _shown
+
 STATEFULSET_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _NAME_SUFFIX = re.compile(r"-(0|[1-9][0-9]*)$")
@@ -28,16 +31,16 @@ def _string_map(meta: Mapping[str, Any], field: str) -> Mapping[str, Any]:
 
 
 def _to_int(digits: str, where: str) -> int:
-    try:
-        return int(digits)
-    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
-        raise IndexUnknown(f"{where} has {len(digits)} digits, too many for an index") from None
+    # An index has at most MAX_INDEX_DIGITS digits (int32); longer strings are never converted.
+    if len(digits) > MAX_INDEX_DIGITS:
+        raise IndexUnknown(f"{where} has {len(digits)} digits, too many for an index")
+    return int(digits)
 
 
 def _declared_index(value: Any, where: str) -> int:
     if isinstance(value, str) and _DECIMAL.fullmatch(value):
         return _to_int(value, where)
-    raise IndexUnknown(f"{where} is {value!r}, not a non-negative decimal integer")
+    raise IndexUnknown(f"{where} is {_shown(value)}, not a non-negative decimal integer")
 
 
 def pod_index(meta: Mapping[str, Any]) -> int:
@@ -55,14 +58,14 @@ def pod_index(meta: Mapping[str, Any]) -> int:
         generate = meta.get("generateName")
         if isinstance(generate, str) and generate:
             raise IndexUnknown(
-                f"the pod has no name yet (only generateName {generate!r}), so its index is unknown;"
+                f"the pod has no name yet (only generateName {_shown(generate)}), so its index is unknown;"
                 " use a StatefulSet or an Indexed Job"
             )
         raise IndexUnknown("the pod has no name, so its index is unknown")
     match = _NAME_SUFFIX.search(name)
     if not match:
         raise IndexUnknown(
-            f"pod name {name!r} does not end in -<index> and the pod has no "
+            f"pod name {_shown(name)} does not end in -<index> and the pod has no "
             f"{STATEFULSET_INDEX_LABEL} label or {JOB_INDEX_KEY} annotation"
         )
     return _to_int(match.group(1), f"the -<index> suffix of pod name {name[:60]!r}")

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote as _quote_with_slash, urlencode
 
 import urllib3
 from kubernetes import config
@@ -21,6 +21,18 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import should_bypass_proxies
 
 from kubeapi.transport import Transport
+
+def quote(segment: str) -> str:
+    """One path segment, escaped completely, so a name can never add, remove or climb segments
+    of the URL: '/' (and '?', '#', '%') escaped, and the dot segments '.' and '..', which urllib3
+    would resolve away ('/pods/../x' is sent as '/x'), as %2E. An empty segment would drop the
+    name and turn a read into a list: refused."""
+    if not isinstance(segment, str) or not segment:
+        raise ValueError(f"an API path segment must be a non-empty string, not {segment!r}")
+    if segment in (".", ".."):
+        return segment.replace(".", "%2E")
+    return _quote_with_slash(segment, safe="")
+
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

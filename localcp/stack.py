@@ -93,7 +93,7 @@ class LocalStack:
         app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
         self.cp._spawn("mutate", [
             PYTHON, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.mutate_port}", "--certfile", str(crt),
-            "--keyfile", str(key), "--no-control-socket", "--workers", "1", "--threads", "8", "--worker-class", "gthread",
+            "--keyfile", str(key), "--no-control-socket", "--config", "python:localcp.mutate_gunicorn",
             "--chdir", str(REPO), app,
         ], env=self._function_env())
         context = ssl.create_default_context(cafile=str(self.webhook_ca[1]))

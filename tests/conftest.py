@@ -93,6 +93,24 @@ def unreachable_kubeconfig(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def inprocess_apps(unreachable_kubeconfig):
+    """Both functions as functions-framework apps in this process (Flask test clients), bind with
+    an API server that refuses connections. Once per session: each registers its Prometheus
+    metrics, which a second import would register twice. `bind_module` is bind's main.py, whose
+    `placer` a test may swap for one over a fake API."""
+    import functions_framework
+
+    os.environ["KUBECONFIG"] = str(unreachable_kubeconfig)
+    try:
+        mutate = functions_framework.create_app("mutate", str(REPO / "functions" / "mutate" / "main.py"))
+        bind = functions_framework.create_app("bind", str(REPO / "functions" / "bind" / "main.py"))
+        bind_module = sys.modules["main"]  # the module functions-framework loaded last
+    finally:
+        os.environ.pop("KUBECONFIG")
+    return SimpleNamespace(mutate=mutate.test_client(), bind=bind.test_client(), bind_module=bind_module)
+
+
+@pytest.fixture(scope="session")
 def bind_server(unreachable_kubeconfig):
     """bind with an API server that is down: pod events must come back 503, never 500."""
     server = FunctionServer("bind", {"KUBECONFIG": str(unreachable_kubeconfig), "LOG_LEVEL": "DEBUG"})

@@ -341,7 +341,11 @@ def test_mutate_never_scales_to_zero():
     assert int(ksvc("mutate")["spec"]["template"]["metadata"]["annotations"]["autoscaling.knative.dev/min-scale"]) >= 1
 
 
-@pytest.mark.parametrize("name, variables", [("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY"}), ("mutate", {"LOG_LEVEL"})])
+# The functions' own variables, and functions-framework's server settings (THREADS, ...), which
+# localcp/mutate_gunicorn.py reads too.
+@pytest.mark.parametrize("name, variables", [
+    ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS"}),
+    ("mutate", {"LOG_LEVEL", "WORKERS", "THREADS"})])
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables
     source = (REPO / "functions" / name / "main.py").read_text()

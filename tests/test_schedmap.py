@@ -8,7 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpu_scheduler.schedmap import MAX_NODE_NAME, MapError, Placement, parse_index, parse_map
+from gpu_scheduler.schedmap import (
+    MAX_GPU_INDEX, MAX_NODE_NAME, MAX_POD_INDEX, MapError, Placement, parse_index, parse_map,
+)
 
 SEED = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3\n"
 UUID = "4c0f6a8e-2f3b-4d1e-9a7c-0123456789ab"
@@ -64,8 +66,7 @@ def test_seed_map():
                  id="dotted node name"),
     pytest.param("0=1:0", {0: ("1", ("0",))}, id="all-digit node name"),
     pytest.param("0=a--b:0", {0: ("a--b", ("0",))}, id="double hyphen inside a label"),
-    pytest.param("123456789012345678901234567890=n:0", {123456789012345678901234567890: ("n", ("0",))},
-                 id="large index"),
+    pytest.param("2147483647=n:1023", {2147483647: ("n", ("1023",))}, id="largest pod and GPU index"),
     pytest.param(f"0=n:{GPU}", {0: ("n", (GPU,))}, id="GPU uuid"),
     pytest.param(f"0=n:GPU-{UUID.upper()}", {0: ("n", ("GPU-" + UUID.upper(),))},
                  id="uppercase hex"),
@@ -230,10 +231,12 @@ def test_node_name_too_long():
 
 
 def test_index_too_long_for_int_is_a_map_error():
-    # int() refuses more than sys.get_int_max_str_digits() (4300) digits with a plain ValueError.
+    # int() refuses more than sys.get_int_max_str_digits() (4300) digits with a plain ValueError;
+    # the grammar refuses anything past MAX_POD_INDEX before converting.
     index = "1" * 5000
     assert map_error(f"{index}=n:0").problems == [
-        f"line 1 {quoted(index + '=n:0')}: pod index {quoted(index)} is too large (5000 digits)"]
+        f"line 1 {quoted(index + '=n:0')}: pod index {quoted(index)} is too large (5000 digits):"
+        f" the limit is {MAX_POD_INDEX}"]
 
 
 # --------------------------------------------------------------------------- parse_index, Placement
@@ -241,7 +244,7 @@ def test_index_too_long_for_int_is_a_map_error():
 @pytest.mark.parametrize("text, expected", [
     ("0", 0), ("7", 7), ("10", 10), ("4294967296", 4294967296),
     ("", None), ("00", None), ("01", None), ("-1", None), ("+1", None), (" 1", None), ("1 ", None),
-    ("1\n", None), ("\u0663", None), ("1e3", None), ("1" * 5000, None),
+    ("1\n", None), ("\u0663", None), ("1e3", None), ("1" * 5000, None), ("12345678901", None),
 ])
 def test_parse_index(text, expected):
     assert parse_index(text) == expected
@@ -253,12 +256,18 @@ def test_parse_index(text, expected):
     (("2", "0", "1"), "2,0,1", (2, 0, 1)),
     ((GPU,), GPU, ()),
     (("3", GPU, MIG, "12", MIG_OLD), f"3,{GPU},{MIG},12,{MIG_OLD}", (3, 12)),
-    (("1" * 5000,), "1" * 5000, ()),  # not an index int() can convert
 ])
 def test_placement(devices, visible, indexes):
     placement = Placement("n", devices)
     assert placement.visible_devices == visible
     assert placement.device_indexes() == indexes
+
+
+def test_a_device_int_cannot_convert_is_never_dropped_from_the_indexes():
+    # Never in a parsed map (MAX_GPU_INDEX); built by hand, it must fail loudly, not vanish from
+    # a capacity check (it once did, and bind bound the pod).
+    with pytest.raises(ValueError):
+        Placement("n", ("0", "1" * 5000)).device_indexes()
 
 
 def test_placement_is_immutable_and_compares_by_value():
@@ -278,7 +287,7 @@ nodes = st.lists(_label, min_size=1, max_size=4).map(".".join).filter(lambda n: 
 _hex_case = st.sampled_from([str.lower, str.upper])
 _uuid = st.builds(lambda u, case: case(str(u)), st.uuids(), _hex_case)
 device = st.one_of(
-    st.integers(min_value=0, max_value=10**12).map(str),
+    st.integers(min_value=0, max_value=MAX_GPU_INDEX).map(str),
     _uuid.map(lambda u: f"GPU-{u}"),
     _uuid.map(lambda u: f"MIG-{u}"),
     st.builds(lambda u, gi, ci: f"MIG-GPU-{u}/{gi}/{ci}", _uuid, st.integers(0, 99), st.integers(0, 99)),

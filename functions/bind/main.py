@@ -3,10 +3,13 @@ gpu_scheduler.binding; the Kubernetes calls live in placer.py.
 
 Run locally:  functions-framework --source functions/bind/main.py --target bind
 Knative retries only on connection errors and 404/413/425/429/502/503/504, so: transient API
-failures answer 503, permanent ones 200 with the reason in the body, malformed events 400.
+failures answer 503, permanent ones 200 with the reason in the body, malformed events 400 (an
+oversized body too: 413 would be redelivered five times, and no larger body ever becomes a pod
+event).
 """
 import json
 import logging
+import os
 import re
 
 import functions_framework
@@ -17,11 +20,14 @@ from flask import Request
 
 from authn import SinkAuthenticator, Unavailable
 from gpu_scheduler import fastpath, jsonlog
-from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod
+from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
+from gpu_scheduler.schedmap import shown
 from gpu_scheduler.sinkauth import Unauthenticated
 from placer import Placer
 
-MAX_BODY = 3 * 1024 * 1024
+MAX_BODY = 3 * 1024 * 1024  # the API server's request limit: no pod, so no pod event, is larger
+# The adapters send a whole body at once; one still arriving after this is not theirs.
+BODY_SECONDS = float(os.environ.get("BODY_TIMEOUT_SECONDS", "2"))
 
 logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=True)
 log = logging.getLogger("bind")
@@ -32,10 +38,13 @@ sink_auth = SinkAuthenticator.from_environment(placer.api)
 
 
 def _reply(status, kind="", **body):
-    EVENTS.labels(kind or "none", str(status)).inc()
+    # The label comes from a fixed set: a sender choosing types cannot grow the metrics.
+    EVENTS.labels(event_type_label(kind) if kind else "none", str(status)).inc()
     if status >= 400:
         log.info("answered %s", status, extra={"status": status, "event_type": kind, "reply": body})
     return json.dumps(body), status, {"Content-Type": "application/json"}
+
+
 
 
 @functions_framework.http
@@ -59,13 +68,28 @@ def _handle(request: Request):
     refused = _sender_refused(request.headers.get("Authorization"))
     if refused:
         return refused
-    raw = request.stream.read(MAX_BODY + 1)
+    # 400, not 413: the adapter redelivers a 413 five times, and the answer cannot change.
+    if (request.content_length or 0) > MAX_BODY:
+        return _reply(400, error=f"body: larger than {MAX_BODY} bytes; no pod event is")
+    try:
+        raw = fastpath.read_within(request.environ, lambda: request.stream.read(MAX_BODY + 1), BODY_SECONDS)
+    except fastpath.SlowBody:
+        return _reply(400, error=f"body: not received within {BODY_SECONDS:g} s")
     if len(raw) > MAX_BODY:
-        return _reply(413, error=f"body is larger than {MAX_BODY} bytes")
+        return _reply(400, error=f"body: larger than {MAX_BODY} bytes; no pod event is")
+    structured = (request.headers.get("Content-Type") or "").lower().startswith("application/cloudevents")
+    if structured and not raw.lstrip()[:1] == b"{":
+        return _reply(400, error="malformed CloudEvent: body: a structured-mode event must be a JSON object")
     try:
         event = from_http(dict(request.headers), raw)
+    except (AttributeError, TypeError) as error:  # the SDK's own, on shapes it does not expect
+        return _reply(400, error=f"malformed CloudEvent: {type(error).__name__}: {str(error)[:200]}")
+    except RecursionError:  # structured mode's or the data's JSON nested past Python's limit
+        return _reply(400, error="malformed CloudEvent: JSON nested too deeply")
     except (CloudEventError, ValueError) as error:
-        return _reply(400, error=f"malformed CloudEvent: {error}")
+        if "RecursionError" in str(error):  # the SDK wraps the data's RecursionError in its own
+            return _reply(400, error="malformed CloudEvent: data: JSON nested too deeply")
+        return _reply(400, error=f"malformed CloudEvent: {str(error)[:500]}")
     return _on_event(event)
 
 
@@ -91,11 +115,11 @@ def _on_event(event: CloudEvent):
         try:
             pod = check_pod(event.data)
         except EventError as error:
-            return _reply(400, kind, error=f"malformed {kind} event {event['id']}: {error}")
+            return _reply(400, kind, error=f"malformed {kind} event {shown(event['id'])}: {error}")
         outcome = placer.place_event(pod)
     else:
         log.debug("ignored event", extra={"event_id": event["id"], "event_type": kind})
-        return _reply(200, kind, result="ignored", why=f"event type {kind!r} is not handled")
+        return _reply(200, kind, result="ignored", why=f"event type {shown(kind)} is not handled")
     return _reply(503 if outcome.get("retry") else 200, kind, **outcome)
 
 
@@ -124,7 +148,7 @@ def _binary_event(environ: dict, raw: bytes) -> CloudEvent | None:
             attributes[name] = value
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # from_http's path says what is wrong with it
         return None
     return CloudEvent(attributes, data)
 
@@ -140,7 +164,10 @@ def _fast(environ: dict):
     except Exception:  # as in bind()
         log.exception("unexpected error")
         return _reply(503, error="internal error in bind; the event will be redelivered")
-    raw = fastpath.read_body(environ, MAX_BODY)
+    try:
+        raw = fastpath.read_within(environ, lambda: fastpath.read_body(environ, MAX_BODY), BODY_SECONDS)
+    except fastpath.SlowBody:
+        return _reply(400, error=f"body: not received within {BODY_SECONDS:g} s")
     if raw is None:
         return None
     try:
