@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.proc import peak_rss_mb
 from gpu_scheduler import schedmap
 from gpu_scheduler.admission import admission_response
 from gpu_scheduler.schedmap import MAX_DEVICES_PER_ENTRY, MAX_ENTRIES, MAX_MAP_BYTES
@@ -170,16 +171,7 @@ class Server:
         return status, time.perf_counter() - started
 
     def peak_rss_mib(self) -> float:
-        pids = [self.process.pid]
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        if children.exists():
-            pids += [int(c) for c in children.read_text().split()]
-        peaks = []
-        for pid in pids:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peaks.append(int(line.split()[1]) / 1024)
-        return max(peaks)
+        return peak_rss_mb(self.process.pid)  # VmHWM is in KiB: /1024 gives MiB
 
     def stop(self) -> None:
         self.process.terminate()

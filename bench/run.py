@@ -18,6 +18,7 @@ from pathlib import Path
 from kubernetes import client, config
 
 from bench import hostile
+from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import REPO, ensure_built, free_port
 from localcp.eventsource import Sender, cloudevent_headers
@@ -268,20 +269,6 @@ def cold_start(target: str, kubeconfig: str, reps: int) -> list[float]:
             process.terminate()
             process.wait(10)
     return times
-
-
-def peak_rss_mb(pid: int) -> float:
-    """The largest VmHWM of the process and its children (gunicorn's master and worker)."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(c) for c in children.read_text().split()]
-    peaks = []
-    for p in pids:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                peaks.append(int(line.split()[1]) / 1024)
-    return max(peaks)
 
 
 # -- 5. real nodes --------------------------------------------------------------------------------
