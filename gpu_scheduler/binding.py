@@ -45,6 +45,8 @@ class Bind:
     devices: tuple[str, ...]
     # (Event reason, message) pairs an operator should see once the pod is bound.
     warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # The pod's version this decision was made from: the Binding's precondition (binding_for).
+    resource_version: str = field(default="", compare=False)
 
     @property
     def placement(self) -> Placement:
@@ -110,21 +112,21 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
         return Unplaceable(why.reason, why.message, name)
     placement = resolved.placement
     return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices,
-                tuple(device_warnings(pod, resolved)))
+                tuple(device_warnings(pod, resolved)), str(meta.get("resourceVersion") or ""))
 
 
 def binding_for(bind: Bind) -> dict[str, Any]:
-    """The Binding body. The UID precondition makes the API server refuse to bind a pod that
-    was deleted and re-created under the same name since the decision was made. Its annotation,
-    which the API server copies onto the pod in the same write, records the devices placed: what
-    GPU accounting counts for this pod from then on."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid,
-                     "annotations": {DEVICES_ANNOTATION: ",".join(bind.devices)}},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": bind.node},
-    }
+    """The Binding body. Its preconditions make the API server refuse to bind a pod that was
+    deleted and re-created under the same name (UID), or changed at all (resourceVersion), since
+    the version the decision was made from: a pod is bound only as that version placed it. Its
+    annotation, which the API server copies onto the pod in the same write, records the devices
+    placed: what GPU accounting counts for this pod from then on."""
+    meta = {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid,
+            "annotations": {DEVICES_ANNOTATION: ",".join(bind.devices)}}
+    if bind.resource_version:
+        meta["resourceVersion"] = bind.resource_version
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": bind.node}}
 
 
 # What a bind attempt came to. `retry` outcomes are answered 503 so Knative redelivers.
@@ -153,7 +155,8 @@ def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:
     """The outcome of a 409 from the Binding call, given the pod as it is now (None: gone).
 
     A 409 means the pod was bound meanwhile (often by us: duplicated events, a concurrent
-    replica), or the UID precondition failed because the pod was re-created."""
+    replica), the UID precondition failed because the pod was re-created, or the resourceVersion
+    one because it changed since the decision (Retry: placed again from the pod as it is now)."""
     if current is None:
         return GONE
     if metadata(current).get("uid") != bind.uid:

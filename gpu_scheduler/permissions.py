@@ -6,7 +6,8 @@ and the running code needs no more (by impersonating the ServiceAccount on a rea
 # (apiGroup, resource, verb)
 BIND = frozenset({
     ("", "pods", "get"),            # re-read a pod after a 409 from pods/binding
-    ("", "pods", "list"),           # resync: pending pods of ours in all namespaces
+    ("", "pods", "list"),           # resync: pending pods of ours in all namespaces; a node's pods
+    ("", "pods", "watch"),          # the pods on the nodes bind places on, kept current (fit, GPUs)
     ("", "pods/binding", "create"),  # the placement itself
     ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does
     ("", "events", "create"),       # Scheduled / FailedScheduling

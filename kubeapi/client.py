@@ -11,7 +11,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import quote as _quote_with_slash, urlencode
 
 import urllib3
@@ -48,6 +48,8 @@ CALLS = {
     "bind": ("", "pods/binding", "create"),
     "read_pod": ("", "pods", "get"),
     "list_pods": ("", "pods", "list"),
+    "list_pods_and_version": ("", "pods", "list"),
+    "watch_pods": ("", "pods", "watch"),
     "patch_pod_status": ("", "pods/status", "patch"),
     "read_node": ("", "nodes", "get"),
     "create_event": ("", "events", "create"),
@@ -151,6 +153,42 @@ class Kube:
 
     def list_pods(self, field_selector: str) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]
+
+    def list_pods_and_version(self, field_selector: str) -> tuple[list[dict], str]:
+        """The pods, and the resourceVersion of the listing: where a watch of them starts."""
+        listing = self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})
+        return listing["items"], (listing.get("metadata") or {}).get("resourceVersion") or ""
+
+    def watch_pods(self, field_selector: str, resource_version: str, seconds: int) -> Iterator[tuple[str, dict]]:
+        """The changes to the pods after `resource_version`, as (type, object), for about
+        `seconds` (the API server then ends the watch; a watch from the watch cache). Bookmarks
+        included. An answer other than 200 raises ApiException; an ERROR event (410 Gone: the
+        version is too old) is yielded. Over the kubernetes package's pool: the stream holds its
+        connection for minutes, which the kept-alive transport keeps for short calls."""
+        query = urlencode({"watch": "1", "fieldSelector": field_selector, "resourceVersion": resource_version,
+                           "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)})
+        response = self.http.request("GET", f"{self.host}/api/v1/pods?{query}",
+                                     headers={"Accept": JSON, **self._auth_headers()}, preload_content=False,
+                                     timeout=urllib3.Timeout(connect=TIMEOUT.connect_timeout, read=seconds + 30),
+                                     retries=False)
+        try:
+            if not 200 <= response.status <= 299:
+                error = ApiException(status=response.status, reason=response.reason)
+                error.body = response.read(64 * 1024).decode("utf-8", "replace")
+                raise error
+            pending = bytearray()
+            for chunk in response.stream(256 * 1024):
+                pending += chunk
+                start = 0
+                while (end := pending.find(b"\n", start)) >= 0:
+                    line = bytes(pending[start:end])
+                    start = end + 1
+                    if line.strip():
+                        event = json.loads(line)
+                        yield event.get("type") or "", event.get("object") or {}
+                del pending[:start]
+        finally:
+            response.release_conn()
 
     def patch_pod_status(self, namespace: str, name: str, patch: dict) -> dict:
         return self._call("PATCH", self._pod(namespace, name) + "/status", patch, STRATEGIC_PATCH)

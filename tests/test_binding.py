@@ -72,6 +72,12 @@ def test_binding_body_carries_the_uid_precondition_and_the_device_record():
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "node2"}}
 
 
+def test_binding_body_carries_the_version_decided_from_as_a_precondition():
+    versioned = pod("w-1")
+    versioned["metadata"]["resourceVersion"] = "4711"
+    assert binding_for(bind_decision(versioned))["metadata"]["resourceVersion"] == "4711"
+
+
 def test_a_bind_carries_device_warnings():
     assert [reason for reason, _ in bind_decision(pod("w-1")).warnings] == ["SharedDevices"]
     assert bind_decision(pod("w-0")).warnings == ()

@@ -133,6 +133,37 @@ def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
     assert (200, "Bound") in answers and all(status == 200 for status, _ in answers), answers
 
 
+def test_the_api_server_refuses_a_binding_made_from_an_older_version_of_the_pod(stack, namespace):
+    """bind sends the version it decided from as the Binding's resourceVersion precondition
+    (gpu_scheduler.binding.binding_for); Kubernetes 1.34 honours it: a pod changed since is not
+    bound (409), the version it has now is."""
+    from kubernetes.client.exceptions import ApiException
+    stack.source.paused = True  # nobody else binds it meanwhile
+    try:
+        stack.apply(pod_manifest(namespace, "versioned-0", "0=node1:0\n"))
+        [before] = stack.pods(namespace)
+        stack.cp.kubectl("annotate", "pod", "-n", namespace, "versioned-0", "changed=yes")
+        [after] = stack.pods(namespace)
+        assert after["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+
+        def binding(version):
+            return {"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "versioned-0", "uid": before["metadata"]["uid"], "resourceVersion": version},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": "node1"}}
+        try:
+            stack.api.create_namespaced_pod_binding("versioned-0", namespace, binding(before["metadata"]["resourceVersion"]),
+                                                    _preload_content=False)
+            raise AssertionError("a Binding from the older version was accepted")
+        except ApiException as refused:
+            assert refused.status == 409, refused
+        assert not stack.pods(namespace)[0]["spec"].get("nodeName")
+        stack.api.create_namespaced_pod_binding("versioned-0", namespace, binding(after["metadata"]["resourceVersion"]),
+                                                _preload_content=False)
+        assert stack.pods(namespace)[0]["spec"]["nodeName"] == "node1"
+    finally:
+        stack.source.paused = False
+
+
 def test_the_controllers_pod_index_label_places_statefulset_replicas_from_ordinals_start(stack, namespace):
     """Kubernetes 1.34's StatefulSet controller labels each pod apps.kubernetes.io/pod-index;
     with spec.ordinals.start 3 its replicas are 3, 4, 5 and take those entries of the map."""

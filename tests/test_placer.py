@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import queue
 import sys
+import time
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -50,6 +52,9 @@ class FakeApi:
             raise AttributeError(method)
         return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
 
+    def list_pods_and_version(self, field_selector):  # answers as scripted for list_pods
+        return self._answer("list_pods", field_selector), "1"
+
     def called(self, method):
         return [(args, kwargs) for m, args, kwargs in self.calls if m == method]
 
@@ -58,6 +63,7 @@ def placer_with(**script) -> tuple[Placer, FakeApi]:
     script.setdefault("read_node", [NODE])
     script.setdefault("bind", [{}])
     script.setdefault("list_pods", [[]])
+    script.setdefault("watch_pods", [api_error(403)])  # no watch: node pods listed (ttl 1 s) instead
     api = FakeApi(**script)
     return Placer(api), api
 
@@ -239,3 +245,96 @@ def test_a_refusal_from_the_cached_listing_is_confirmed_with_a_fresh_one():
     assert len(api.called("list_pods")) == 1  # that listing was fresh: nothing to confirm
     assert placed(placer)["result"] == "Bound"  # the cached one refused; a fresh one showed it gone
     assert len(api.called("list_pods")) == 2
+
+
+# -- a node's pods, kept current by a watch -------------------------------------------------------
+class ScriptedWatch:
+    """A watch stream that yields what the test puts in, until None."""
+
+    def __init__(self):
+        self.events: queue.Queue = queue.Queue()
+
+    def __iter__(self):
+        while (event := self.events.get()) is not None:
+            yield event
+
+
+def applied(placer: Placer, version: str, node: str = "node1") -> None:
+    """Wait until the node's watch has taken the event of `version`."""
+    deadline = time.monotonic() + 5
+    while placer.node_pods._watched.get(node) != version:
+        assert time.monotonic() < deadline, f"the watch of {node} never reached version {version}"
+        time.sleep(0.005)
+
+
+def holder_pod(version: str) -> dict:
+    return {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder", "resourceVersion": version,
+                         "annotations": {"gpu-scheduler/devices": "1"}},
+            "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
+
+
+def test_a_watched_node_shows_pods_bound_and_deleted_by_others_without_listing_again():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pods=[[]], watch_pods=[stream])
+    first = copy.deepcopy(POD)
+    first["metadata"]["uid"] = "u-first"  # an earlier replica of the same workload
+    assert placed(placer, first)["result"] == "Bound"  # lists node1 once, then watches it
+    ((selector, version, _), _), = api.called("watch_pods")
+    assert (selector, version) == ("spec.nodeName=node1", "1")
+    stream.events.put(("ADDED", holder_pod("5")))  # another workload's pod bound to node1: holds GPU 1
+    applied(placer, "5")
+    result = placed(placer)
+    assert result["result"] == "Unschedulable" and "GPU 1 on node1 is held by team-a/train-0" in result["message"]
+    stream.events.put(("DELETED", holder_pod("6")))
+    applied(placer, "6")
+    assert placed(placer)["result"] == "Bound"
+    assert len(api.called("list_pods")) == 1  # the refusal needed no fresh listing: the watch is current
+    stream.events.put(None)
+
+
+def test_a_pod_finishing_frees_its_gpus_and_bookmarks_move_the_version_only():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pods=[[holder_pod("3")]], watch_pods=[stream])
+    assert placed(placer)["result"] == "Unschedulable"
+    stream.events.put(("BOOKMARK", {"metadata": {"resourceVersion": "7"}}))
+    applied(placer, "7")
+    assert placed(placer)["result"] == "Unschedulable"
+    finished = holder_pod("8")
+    finished["status"]["phase"] = "Succeeded"
+    stream.events.put(("MODIFIED", finished))
+    applied(placer, "8")
+    assert placed(placer)["result"] == "Bound" and len(api.called("list_pods")) == 1
+    stream.events.put(None)
+
+
+def test_a_gone_watch_falls_back_to_listing_the_node():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pods=[[holder_pod("3")], []], watch_pods=[stream])
+    assert placed(placer)["result"] == "Unschedulable"
+    stream.events.put(("ERROR", {"kind": "Status", "code": 410, "message": "too old resource version"}))
+    deadline = time.monotonic() + 5
+    while "node1" in placer.node_pods._watched:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert placed(placer)["result"] == "Bound"  # the refusal from the kept view was confirmed by a listing
+    assert len(api.called("list_pods")) == 2
+
+
+def test_a_pod_changed_since_its_version_was_read_is_placed_again_from_the_new_one():
+    changed = copy.deepcopy(POD)
+    changed["metadata"]["resourceVersion"] = "999"
+    changed["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:3\n"
+    placer, api = placer_with(bind=[api_error(409, "the object has been modified"), {}], read_pod=[changed])
+    result = placed(placer)
+    assert result["result"] == "Bound"
+    (first, _), (second, _) = api.called("bind")
+    assert first[2]["metadata"]["resourceVersion"] == POD["metadata"]["resourceVersion"]
+    assert second[2]["metadata"]["resourceVersion"] == "999"
+    assert second[2]["metadata"]["annotations"]["gpu-scheduler/devices"] == "3"  # decided from the new map
+
+
+def test_a_pod_changing_again_is_left_to_redelivery():
+    placer, api = placer_with(bind=[api_error(409, "the object has been modified")], read_pod=[copy.deepcopy(POD)])
+    result = placed(placer)
+    assert result["result"] == "Retry" and result["retry"] is True and "changed" in result["message"]
+    assert len(api.called("bind")) == 2
