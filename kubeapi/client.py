@@ -159,8 +159,9 @@ class Kube:
         listing = self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})
         return listing["items"], (listing.get("metadata") or {}).get("resourceVersion") or ""
 
-    def watch_pods(self, field_selector: str, resource_version: str, seconds: int) -> Iterator[tuple[str, dict]]:
-        """The changes to the pods after `resource_version`, as (type, object), for about
+    def watch_pods(self, field_selector: str, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        """The changes to the pods after `resource_version`, as (type, object, its size in
+        bytes), for about
         `seconds` (the API server then ends the watch; a watch from the watch cache). Bookmarks
         included. An answer other than 200 raises ApiException; an ERROR event (410 Gone: the
         version is too old) is yielded. Over the kubernetes package's pool: the stream holds its
@@ -185,7 +186,7 @@ class Kube:
                     start = end + 1
                     if line.strip():
                         event = json.loads(line)
-                        yield event.get("type") or "", event.get("object") or {}
+                        yield event.get("type") or "", event.get("object") or {}, len(line)
                 del pending[:start]
         finally:
             response.release_conn()

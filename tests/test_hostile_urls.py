@@ -31,12 +31,20 @@ RESOURCE = {
     "patch_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events", name],
     "list_events": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],
     "list_pods": lambda ns, name: ["api", "v1", "pods"],
+    "list_pods_and_version": lambda ns, name: ["api", "v1", "pods"],
+    "watch_pods": lambda ns, name: ["api", "v1", "pods"],
     "create_token_review": lambda ns, name: ["apis", "authentication.k8s.io", "v1", "tokenreviews"],
 }
 
 
 class Response:
     status, reason, data = 200, "OK", b'{"items": []}'
+
+    def stream(self, amount):  # a watch that ends with nothing
+        return iter(())
+
+    def release_conn(self):
+        pass
 
 
 class RecordingPool:
@@ -65,9 +73,11 @@ def test_every_call_is_covered():
 
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
-                 "field_selector": "x=y", "review": {}, "cached": True}
+                 "field_selector": "x=y", "review": {}, "cached": True, "resource_version": "1", "seconds": 1}
     parameters = inspect.signature(getattr(client, method)).parameters
-    getattr(client, method)(**{p: arguments[p] for p in parameters})
+    answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
+    if inspect.isgenerator(answer):  # a watch: its request is made when it is read
+        list(answer)
 
 
 def segments(url: str) -> list[str]:

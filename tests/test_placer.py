@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from conftest import REPO, sample
 from gpu_scheduler import permissions
+from gpu_scheduler.binding import PENDING_SELECTOR
 from kubeapi.client import CALLS
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
@@ -52,8 +53,16 @@ class FakeApi:
             raise AttributeError(method)
         return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
 
-    def list_pods_and_version(self, field_selector):  # answers as scripted for list_pods
+    def list_pods_and_version(self, field_selector):
+        """As scripted for list_pods; the pending-pod watch's listing as scripted for
+        list_pending (by default refused: event pods are read with GETs)."""
+        if field_selector == PENDING_SELECTOR:
+            return self._answer("list_pending", field_selector), "1"
         return self._answer("list_pods", field_selector), "1"
+
+    def watch_pods(self, field_selector, version, seconds):  # the same, for watch_pending
+        return self._answer("watch_pending" if field_selector == PENDING_SELECTOR else "watch_pods",
+                            field_selector, version, seconds)
 
     def called(self, method):
         return [(args, kwargs) for m, args, kwargs in self.calls if m == method]
@@ -64,6 +73,8 @@ def placer_with(**script) -> tuple[Placer, FakeApi]:
     script.setdefault("bind", [{}])
     script.setdefault("list_pods", [[]])
     script.setdefault("watch_pods", [api_error(403)])  # no watch: node pods listed (ttl 1 s) instead
+    script.setdefault("list_pending", [api_error(403)])
+    script.setdefault("watch_pending", [api_error(403)])
     api = FakeApi(**script)
     return Placer(api), api
 
@@ -256,7 +267,7 @@ class ScriptedWatch:
 
     def __iter__(self):
         while (event := self.events.get()) is not None:
-            yield event
+            yield (*event, 100)
 
 
 def applied(placer: Placer, version: str, node: str = "node1") -> None:
@@ -338,3 +349,62 @@ def test_a_pod_changing_again_is_left_to_redelivery():
     result = placed(placer)
     assert result["result"] == "Retry" and result["retry"] is True and "changed" in result["message"]
     assert len(api.called("bind")) == 2
+
+
+# -- an event's pod, read from the pending-pod watch -----------------------------------------------
+def pending_watched(placer: Placer, uid: str, version: str) -> None:
+    """Wait until the pending-pod watch holds `uid` at `version`."""
+    deadline = time.monotonic() + 5
+    while placer.pending.get(uid, version) is None:
+        assert time.monotonic() < deadline, f"the pending-pod watch never held {uid} at {version}"
+        time.sleep(0.005)
+
+
+def test_an_event_for_a_watched_version_is_placed_from_the_watch_as_the_api_server_has_it():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pending=[[copy.deepcopy(POD)]], watch_pending=[stream])
+    uid, version = POD["metadata"]["uid"], POD["metadata"]["resourceVersion"]
+    pending_watched(placer, uid, version)
+    forged = copy.deepcopy(POD)  # the real pod's UID and version, another map
+    forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node9:0\n"
+    assert event_placed(placer, forged)["node"] == "node1"  # where the API server's copy says
+    assert api.called("read_pod") == []  # no GET
+    ((_, _, body), _), = api.called("bind")
+    assert body["metadata"]["resourceVersion"] == version and body["target"]["name"] == "node1"
+    stream.events.put(None)
+
+
+def test_an_event_for_another_version_than_the_watched_one_is_read_with_a_get():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pending=[[copy.deepcopy(POD)]], watch_pending=[stream], read_pod=[copy.deepcopy(POD)])
+    uid = POD["metadata"]["uid"]
+    pending_watched(placer, uid, POD["metadata"]["resourceVersion"])
+    newer = copy.deepcopy(POD)
+    newer["metadata"]["resourceVersion"] = "317"
+    assert event_placed(placer, newer)["result"] == "Bound"
+    assert len(api.called("read_pod")) == 1
+    stream.events.put(("DELETED", copy.deepcopy(POD)))  # bound: it left the selector
+    deadline = time.monotonic() + 5
+    while uid in placer.pending._pods:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert placer.pending._bytes == 0
+    stream.events.put(None)
+
+
+def test_the_pending_pod_watch_keeps_at_most_its_byte_bound():
+    stream = ScriptedWatch()
+    placer, api = placer_with(list_pending=[[]], watch_pending=[stream])
+    placer.pending.MAX_BYTES = 250
+    placer.pending.get("x", "1")  # starts it
+    for i in range(5):
+        pod = copy.deepcopy(POD)
+        pod["metadata"].update(uid=f"u-{i}", resourceVersion=str(i + 1))
+        stream.events.put(("ADDED", pod))  # 100 bytes each, as the scripted watch says
+    deadline = time.monotonic() + 5
+    while "u-4" not in placer.pending._pods and len(placer.pending._pods) < 2 or not stream.events.empty():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.05)
+    assert sorted(placer.pending._pods) == ["u-0", "u-1"] and placer.pending._bytes == 200
+    stream.events.put(None)

@@ -22,13 +22,16 @@ from gpu_scheduler.binding import (
 from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
-from gpu_scheduler.fit import NodeInfo, PodInfo, bind_problem, is_terminal
+from gpu_scheduler.fit import PodInfo, bind_problem
 from kubeapi.client import Kube, load_configuration
 from recorder import Recorder
+from watches import NodePods, PendingPods
 
 log = logging.getLogger("bind")
 SUCCESS = (BOUND, ALREADY_BOUND)
 OUTCOMES = prom.Counter("gpu_scheduler_bind_outcomes_total", "Placement outcomes by result", ["result"])
+POD_READS = prom.Counter("gpu_scheduler_bind_pod_reads_total",
+                        "Where an event's pod was read: the pending-pod watch, or a GET", ["source"])
 LATENCY = prom.Histogram("gpu_scheduler_bind_seconds", "Time to place one pod, API calls included",
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
@@ -71,156 +74,6 @@ class NodeCache:
         return node
 
 
-class NodePods:
-    """What the pods on each node occupy (fit.NodeInfo), plus the pods this instance is binding or
-    has bound and not yet seen listed: kube-scheduler's "assumed" pods, so two placements of this
-    instance never count the same free cpu or GPU twice.
-
-    A node is listed once (`fieldSelector=spec.nodeName`, from the API server's watch cache) and
-    then watched from that listing's resourceVersion, as kube-scheduler's informers do: a pod bound
-    there by anyone, finished or deleted, shows within milliseconds, and a placement costs no
-    listing. Listing every second instead cost a LIST of all the node's pods, maps included, per
-    node per second (bench/README.md). Where a watch cannot run (it fails, or the API server
-    ends it with 410 Gone), the node is listed again, at most every `ttl` seconds, until a watch
-    runs again. A node nobody placed on for WATCH_IDLE_SECONDS stops being watched.
-
-    `reserve` is check-and-assume in one step under one lock: the check is pure and takes well
-    under a millisecond; listing and watching happen outside the lock."""
-
-    WATCH_SECONDS = 300  # one watch request; the next continues from its last resourceVersion
-    WATCH_IDLE_SECONDS = 600
-    WATCH_RETRY_SECONDS = 30  # after a watch failed: listings only, for this long
-
-    def __init__(self, api, ttl: float = 1.0):
-        self.api, self.ttl = api, ttl
-        self._listed_at: dict[str, float] = {}  # node -> when its last listing started
-        self._pods: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod, as listed and watched
-        self._listed: dict[str, NodeInfo] = {}  # node -> those pods as a NodeInfo
-        self._assumed: dict[str, dict[str, tuple[float, PodInfo]]] = {}  # node -> uid -> (bound at, info)
-        self._view: dict[str, NodeInfo] = {}  # node -> listed plus assumed: what checks see
-        self._watched: dict[str, str] = {}  # node -> the resourceVersion its running watch is at
-        self._used_at: dict[str, float] = {}  # node -> its last reserve
-        self._watch_failed_at = float("-inf")
-        self._lock = threading.Lock()
-
-    def _rebuild(self, node: str) -> None:
-        listed = self._listed.get(node, NodeInfo())
-        extra = [info for uid, (_, info) in self._assumed.get(node, {}).items() if uid not in listed.uids]
-        self._view[node] = NodeInfo.of(listed.pods + tuple(extra)) if extra else listed
-
-    def _refresh(self, node: str, fresh: bool = False) -> bool:
-        """List the node's pods unless a watch keeps them current or the last listing is
-        recent; True when it listed now."""
-        with self._lock:
-            self._used_at[node] = time.monotonic()
-            if node in self._watched:
-                return False
-            at = self._listed_at.get(node)
-        if at is not None and not fresh and time.monotonic() - at < self.ttl:
-            return False
-        started = time.monotonic()
-        items, version = self.api.list_pods_and_version(f"spec.nodeName={node}")
-        pods = {info.uid: info for info in NodeInfo.of(items).pods}
-        with self._lock:
-            if self._listed_at.get(node, float("-inf")) < started and node not in self._watched:
-                self._listed_at[node], self._pods[node] = started, pods
-                self._listed[node] = NodeInfo.of(pods.values())
-                # A listing that started after a bind completed shows that pod (or its deletion).
-                assumed = self._assumed.get(node, {})
-                for uid in [uid for uid, (at, _) in assumed.items() if at < started]:
-                    del assumed[uid]
-                self._rebuild(node)
-                if version and time.monotonic() - self._watch_failed_at > self.WATCH_RETRY_SECONDS:
-                    self._watched[node] = version
-                    threading.Thread(target=self._watch, args=(node,), name=f"watch-{node}"[:64], daemon=True).start()
-        return True
-
-    def _watch(self, node: str) -> None:
-        """Keep the node's pods current from its watch until it ends for good: idle, 410 Gone
-        (the next placement lists afresh), or a failure (listings for WATCH_RETRY_SECONDS)."""
-        try:
-            while True:
-                with self._lock:
-                    if time.monotonic() - self._used_at.get(node, 0.0) > self.WATCH_IDLE_SECONDS:
-                        return
-                    version = self._watched[node]
-                began, seen = time.monotonic(), 0
-                for kind, obj in self.api.watch_pods(f"spec.nodeName={node}", version, self.WATCH_SECONDS):
-                    if kind == "ERROR":  # 410 Gone, mostly: this version is no longer in the cache
-                        log.info("node watch ended", extra={"node": node, "detail": str(obj.get("message"))[:200]})
-                        return
-                    self._apply(node, kind, obj)
-                    seen += 1
-                if not seen and time.monotonic() - began < 1:  # ended at once: no tight loop, list instead
-                    return
-        except Exception as error:  # an outage, a 403 from older RBAC: list instead, watch again later
-            log.info("node watch failed; listing instead", extra={"node": node, "detail": str(error)[:200]})
-            self._watch_failed_at = time.monotonic()
-        finally:
-            with self._lock:
-                self._watched.pop(node, None)
-                # What it showed was current until now; from here on, listings at most every ttl.
-                self._listed_at[node] = time.monotonic()
-
-    def _apply(self, node: str, kind: str, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        uid = meta.get("uid") or ""
-        info = None if kind in ("DELETED", "BOOKMARK") or is_terminal(obj) else PodInfo.of(obj)
-        with self._lock:
-            if node not in self._watched:
-                return
-            self._watched[node] = meta.get("resourceVersion") or self._watched[node]
-            if kind == "BOOKMARK":
-                return
-            pods = self._pods.setdefault(node, {})
-            if info is None:
-                if pods.pop(uid, None) is None and uid not in self._assumed.get(node, {}):
-                    return
-            else:
-                pods[uid] = info
-            self._assumed.get(node, {}).pop(uid, None)  # the watch has shown it: no longer assumed
-            self._listed[node] = NodeInfo.of(pods.values())
-            self._rebuild(node)
-
-    def reserve(self, node: str, check, assumed: PodInfo) -> str | None:
-        """Run `check(NodeInfo) -> problem | None` on the node as listed plus the pods assumed on
-        it; when it passes, assume `assumed` there until the watch or a later listing shows it.
-        A refusal from a cached listing (no watch running) is confirmed with a fresh one: a pod
-        deleted within the cache's second must not keep a replica Pending until the next resync."""
-        fresh = self._refresh(node)
-        problem = self._check_and_assume(node, check, assumed)
-        if problem is not None and not fresh and self._refresh(node, fresh=True):
-            problem = self._check_and_assume(node, check, assumed)
-        return problem
-
-    def _check_and_assume(self, node: str, check, assumed: PodInfo) -> str | None:
-        with self._lock:
-            view = self._view.get(node, NodeInfo())
-            problem = check(view)
-            if problem is None and assumed.uid not in view.uids:
-                self._assumed.setdefault(node, {})[assumed.uid] = (float("inf"), assumed)
-                self._view[node] = view.plus(assumed)
-            return problem
-
-    def bound(self, node: str, uid: str) -> None:
-        with self._lock:
-            entry = self._assumed.get(node, {}).get(uid)
-            if entry:
-                self._assumed[node][uid] = (time.monotonic(), entry[1])
-
-    def forget(self, node: str, uid: str) -> None:
-        """The Binding failed: the pod does not hold what it was assumed to."""
-        with self._lock:
-            if self._assumed.get(node, {}).pop(uid, None):
-                self._rebuild(node)
-
-    def invalidate(self) -> None:
-        """A resync looks again: pods deleted since the last listing free their node at once
-        (a watched node is current already)."""
-        with self._lock:
-            self._listed_at.clear()
-
-
 # After an outage bind resyncs by itself: the adapter drops an event after six deliveries in
 # 3.1 s, so the pods whose events came while the API server was down would otherwise wait for
 # the next PingSource tick, up to a minute.
@@ -239,6 +92,7 @@ class Placer:
         if api is not None:
             self.nodes = NodeCache(api)
             self.node_pods = NodePods(api)
+            self.pending = PendingPods(api)
             self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
 
     @classmethod
@@ -258,14 +112,21 @@ class Placer:
     def place_event(self, event_pod: Mapping[str, Any]) -> dict[str, Any]:
         """An add/update event is a trigger, not the truth: anyone who reaches bind can send one.
         A pod the event shows as not ours to place is ignored as it is (ignoring does nothing);
-        any other is read as the API server has it now (its watch cache; etcd if the cache does
-        not have it yet), and placed from that: its map, UID, scheduler name and node."""
+        any other is placed as the API server has it: from the pending-pod watch when it holds
+        the pod at the event's version (watches.PendingPods), else read now (the watch cache;
+        etcd if the cache does not have it yet). Its map, UID, scheduler name and node are the
+        API server's, and the Binding's preconditions are that UID and version."""
         decision = bind_decision(event_pod)
         if isinstance(decision, Ignore):
             return self._ignored(decision.why)
         ref = PodRef.of(event_pod)
         if self.api is None:
             return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
+        watched = self.pending.get(ref.uid, str((event_pod.get("metadata") or {}).get("resourceVersion") or ""))
+        if watched is not None:
+            POD_READS.labels("watch").inc()
+            return self.place(watched)
+        POD_READS.labels("get").inc()
         try:
             try:
                 live = self.api.read_pod(ref.namespace, ref.name, cached=True)
