@@ -225,6 +225,14 @@ def direct_load(stack: LocalStack, pending: list[dict], concurrency: int) -> flo
     return len(pending) / run.parallel(via_client, pending, concurrency)
 
 
+def release_all(stack: LocalStack) -> None:
+    """Remove every bench pod so far: bound pods hold their GPUs for bind's fit checks, and the
+    next scenario's pods (another namespace, another workload) would be refused them."""
+    for namespace in stack.api.list_namespace().items:
+        if namespace.metadata.name.startswith("bench-"):
+            run.release(stack, namespace.metadata.name)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="", help="suffix of the files, e.g. before / after-step-1")
@@ -247,6 +255,7 @@ def main() -> int:
         if "mutate" in only:
             figures["mutate"] = measured(stack, "mutate", n, args, lambda: {"create_p50_ms": 1000 * run.statistics.median(
                 run.create_latencies(stack, n, run.map_for(n)))})
+            release_all(stack)
         stack.unregister_webhook()
         stack.source.stop()
         stack.source = None
@@ -256,10 +265,12 @@ def main() -> int:
                 pending = run.pending_pods(stack, n, run.map_for(n))
                 figures[f"bind-c{c}"] = measured(stack, f"bind-c{c}", n, args,
                                                  lambda: {"pods_per_s": bind_load(stack, pending, c)})
+                release_all(stack)
             if f"direct-c{c}" in only:  # for the API server's CPU per binding without bind's Event
                 pending = run.pending_pods(stack, n, run.map_for(n))
                 figures[f"direct-c{c}"] = measured(stack, f"direct-c{c}", n, args,
                                                    lambda: {"pods_per_s": direct_load(stack, pending, c)})
+                release_all(stack)
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -76,8 +76,11 @@ class NodePods:
 
     def _rebuild(self, node: str) -> None:
         listed = self._listed.get(node, NodeInfo())
-        extra = [info for uid, (_, info) in self._assumed.get(node, {}).items() if uid not in listed.uids]
-        self._view[node] = NodeInfo.of(listed.pods + tuple(extra)) if extra else listed
+        view = listed
+        for uid, (_, info) in self._assumed.get(node, {}).items():
+            if uid not in listed.uids:
+                view = view.plus(info)
+        self._view[node] = view
 
     def _refresh(self, node: str, fresh: bool = False) -> bool:
         """List the node's pods unless a watch keeps them current or the last listing is
@@ -138,15 +141,26 @@ class NodePods:
             self._watched[node] = meta.get("resourceVersion") or self._watched[node]
             if kind == "BOOKMARK":
                 return
+            # Sums kept up to date by the change alone where that is exact: a pod added is one
+            # more; a status update leaves what a pod occupies as it was.
             pods = self._pods.setdefault(node, {})
+            before = pods.get(uid)
+            listed = None
             if info is None:
-                if pods.pop(uid, None) is None and uid not in self._assumed.get(node, {}):
-                    return
-            else:
+                if before is not None:
+                    del pods[uid]
+                    listed = NodeInfo.of(pods.values())
+            elif before is None:
                 pods[uid] = info
-            self._assumed.get(node, {}).pop(uid, None)  # the watch has shown it: no longer assumed
-            self._listed[node] = NodeInfo.of(pods.values())
-            self._rebuild(node)
+                listed = self._listed.get(node, NodeInfo()).plus(info)
+            elif before != info:
+                pods[uid] = info
+                listed = NodeInfo.of(pods.values())
+            shown = self._assumed.get(node, {}).pop(uid, None) is not None  # no longer assumed
+            if listed is not None:
+                self._listed[node] = listed
+            if listed is not None or shown:
+                self._rebuild(node)
 
     def reserve(self, node: str, check, assumed: PodInfo) -> str | None:
         """Run `check(NodeInfo) -> problem | None` on the node as listed plus the pods assumed on
