@@ -1,5 +1,5 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,rss]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit]
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def main() -> int:
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict = {"when": time.strftime("%H:%M:%S"), "pods": args.pods, "reps": args.reps}
-    if only & {"throughput", "admission", "cold"}:
+    if only & {"throughput", "admission", "cold", "fit"}:
         with LocalStack(webhook=False, event_source=False) as stack:
+            if "fit" in only:
+                results["fit_cost"] = run.fit_cost(stack, args.pods, args.reps)
             if "throughput" in only:
                 results["bind_throughput"] = {str(c): f for c, f in run.bind_throughput(stack, args.pods, args.reps).items()}
                 results["peak_rss_mb"] = {"bind": run.peak_rss_mb(stack.cp.processes["bind"].pid)}
@@ -41,6 +43,15 @@ def main() -> int:
             for c, f in value.items():
                 print(f"bind/direct c={c}: {f['ratio']:.2f} ({f['bind_pods_per_s']:.0f}/{f['direct_pods_per_s']:.0f}/s)"
                       f" runs bind {[round(x) for x in f['runs_bind']]} direct {[round(x) for x in f['runs_direct']]}")
+        elif key == "fit_cost":
+            for c in ("1", "8"):
+                if c in value:
+                    f = value[c]
+                    print(f"bind now/before fit ({value['revision']}) c={c}: {f['ratio']:.2f} "
+                          f"({f['now_pods_per_s']:.0f}/{f['before_pods_per_s']:.0f}/s) runs "
+                          f"{[round(x) for x in f['runs']['now']]} {[round(x) for x in f['runs']['before']]}")
+            if "skipped" in value:
+                print(f"fit cost: {value['skipped']}")
         elif key == "admission":
             print(f"admission median ratio {value['median_ratio']:.2f} ({value['without_ms']['p50']:.1f} -> "
                   f"{value['with_ms']['p50']:.1f} ms), p99 ratio {value['p99_ratio']:.2f}")

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,21 +76,26 @@ def release(stack: LocalStack, namespace: str) -> None:
 
 
 # -- 1. bind throughput ------------------------------------------------------------------------
+def events_to(stack: LocalStack, url: str, pods: list[dict], concurrency: int) -> float:
+    """Pods per second placed by the bind at `url`, one add event per pending pod."""
+    sender = Sender(url, delays=())
+
+    def via_bind(p):
+        answer = sender.http.request("POST", url, body=json.dumps(p).encode(),
+                                     headers=cloudevent_headers("add", p, stack.cp.server))
+        assert json.loads(answer.data)["result"] == "Bound", answer.data
+    return len(pods) / parallel(via_bind, pods, concurrency)
+
+
 def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
     bind_api = client.CoreV1Api(config.new_client_from_config(str(stack.bind_kubeconfig)))
-    sender = Sender(stack.bind_url, delays=())
     map_text = map_for(n)
     figures = {}
     for concurrency in (1, 8):
         through_bind, direct = [], []
         for _ in range(reps):  # interleaved, so drift in the machine hits both alike
             pods = pending_pods(stack, n, map_text)
-
-            def via_bind(p):
-                answer = sender.http.request("POST", stack.bind_url, body=json.dumps(p).encode(),
-                                             headers=cloudevent_headers("add", p, stack.cp.server))
-                assert json.loads(answer.data)["result"] == "Bound", answer.data
-            through_bind.append(n / parallel(via_bind, pods, concurrency))
+            through_bind.append(events_to(stack, stack.bind_url, pods, concurrency))
             release(stack, pods[0]["metadata"]["namespace"])
             pods = pending_pods(stack, n, map_text)
 
@@ -105,6 +111,58 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
                                 "direct_pods_per_s": statistics.median(direct),
                                 "ratio": statistics.median(through_bind) / statistics.median(direct),
                                 "runs_bind": through_bind, "runs_direct": direct}
+    return figures
+
+
+# -- 1a. what the fit checks cost: bind now vs bind before them, side by side -----------------
+# Issue 11's transport and fast path, before issue 9's fit checks and GPU accounting and issue
+# 15's live read of each event's pod: the "before" of issue 9's throughput figure.
+BEFORE_FIT = "ad7e5e8"
+
+
+def start_bind_at(stack: LocalStack, revision: str, into: Path) -> str | None:
+    """bind as it was at `revision` (its functions/, gpu_scheduler/ and kubeapi/, from git),
+    started beside the stack's own with the same account; its URL, or None when this clone
+    does not hold the revision (a shallow clone)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        return None
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    port = free_port()
+    stack.cp._spawn(f"bind-{revision}", [
+        sys.executable, "-m", "functions_framework", "--target", "bind", "--source",
+        str(into / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(port),
+    ], env={**stack._function_env(KUBECONFIG=str(stack.bind_kubeconfig)), "PYTHONPATH": str(into)})
+    url = f"http://127.0.0.1:{port}"
+    stack.cp._wait(f"bind-{revision}", lambda: stack._get(f"{url}/health/readiness") == 200, "/health/readiness")
+    return url
+
+
+def fit_cost(stack: LocalStack, n: int, reps: int) -> dict:
+    """bind's throughput now over bind's at BEFORE_FIT, each run on its own pending pods, the
+    two interleaved (and their order alternated) on the same control plane."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="bind-before-fit-") as into:
+        before_url = start_bind_at(stack, BEFORE_FIT, Path(into))
+        if before_url is None:
+            return {"skipped": f"revision {BEFORE_FIT} is not in this clone"}
+        map_text = map_for(n)
+        figures: dict = {"revision": BEFORE_FIT}
+        for concurrency in (1, 8):
+            runs: dict[str, list[float]] = {"now": [], "before": []}
+            for rep in range(reps):
+                order = [("now", stack.bind_url), ("before", before_url)]
+                for which, url in (order if rep % 2 == 0 else order[::-1]):
+                    pods = pending_pods(stack, n, map_text)
+                    runs[which].append(events_to(stack, url, pods, concurrency))
+                    release(stack, pods[0]["metadata"]["namespace"])
+            now, before = statistics.median(runs["now"]), statistics.median(runs["before"])
+            figures[str(concurrency)] = {"now_pods_per_s": now, "before_pods_per_s": before,
+                                         "ratio": now / before, "runs": runs}
+        before_bind = stack.cp.processes.pop(f"bind-{BEFORE_FIT}")
+        os.killpg(before_bind.pid, signal.SIGTERM)  # gunicorn's master and its worker
+        before_bind.wait(10)
     return figures
 
 
@@ -364,6 +422,15 @@ def table(results: dict) -> str:
     for c, f in results["bind_throughput"].items():
         goal_row(f"bind throughput / direct pods/binding loop, concurrency {c}",
                  f"{f['ratio']:.2f} ({f['bind_pods_per_s']:.0f}/{f['direct_pods_per_s']:.0f}/s)", f"direct-{c}", f["ratio"])
+    fit = results.get("fit_cost") or {}
+    for c in ("1", "8"):
+        if c in fit:
+            f = fit[c]
+            row(f"bind now / before its fit checks ({fit['revision']}), concurrency {c} (issue 9)",
+                f"{f['ratio']:.2f} ({f['now_pods_per_s']:.0f}/{f['before_pods_per_s']:.0f}/s)", ">= 0.90",
+                f["ratio"] >= 0.9)
+    if "skipped" in fit:
+        rows.append(f"{'bind now / before its fit checks (issue 9)':<62} {'skipped':>20}  {fit['skipped']}")
     a = results["admission"]
     goal_row("pod creation with / without the webhook, median ratio", f"{a['median_ratio']:.2f}", "admission",
              a["median_ratio"])
@@ -422,6 +489,8 @@ def main() -> int:
         print("bench: bind throughput", flush=True)
         results["bind_throughput"] = {str(c): f for c, f in bind_throughput(stack, n, reps).items()}
         results["peak_rss_mb"] = {"bind": peak_rss_mb(stack.cp.processes["bind"].pid)}
+        print(f"bench: what the fit checks cost (bind now vs at {BEFORE_FIT})", flush=True)
+        results["fit_cost"] = fit_cost(stack, n, reps if args.smoke else reps + 1)
         print("bench: admission overhead", flush=True)
         results["admission"] = admission_overhead(stack, n, reps)
         results["peak_rss_mb"]["mutate"] = peak_rss_mb(stack.cp.processes["mutate"].pid)
