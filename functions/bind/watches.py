@@ -214,7 +214,7 @@ class PendingPods:
     watch starts with the first lookup (functions-framework forks after import) and stops when
     nobody looked for WATCH_IDLE_SECONDS."""
 
-    MAX_BYTES = 16 * 1024 * 1024
+    MAX_BYTES = 8 * 1024 * 1024  # of JSON; about twice that in memory
 
     def __init__(self, api):
         self.api = api
