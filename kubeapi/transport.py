@@ -100,8 +100,10 @@ class Transport:
         head.append(b"Content-Length: %d\r\n\r\n" % len(body) if body is not None else b"\r\n")
         message = b"".join(head) + (body or b"")
         for attempt in (0, 1):
+            # The second attempt on a new connection: when the server has closed one idle
+            # connection it has usually closed the others too (its idle timeout).
             with self._lock:
-                connection = self._idle.pop() if self._idle else None
+                connection = self._idle.pop() if self._idle and attempt == 0 else None
             reused, answered = connection is not None, False
             try:
                 if connection is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,7 @@ class ScriptedServer:
         self.replies = list(replies)
         self.requests: list[bytes] = []
         self.connections = 0
+        self.accepted: list[socket.socket] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -32,6 +34,7 @@ class ScriptedServer:
             except OSError:
                 return
             self.connections += 1
+            self.accepted.append(conn)
             threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
 
     def _conn(self, conn: socket.socket) -> None:
@@ -51,6 +54,14 @@ class ScriptedServer:
                 if reply is None:
                     return
                 conn.sendall(reply)
+
+    def drop_idle(self) -> None:
+        """Close every connection so far, as a server's idle timeout does."""
+        for conn in self.accepted:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.listener.close()
@@ -86,6 +97,17 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_once():
     server.replies = [None, OK]  # the kept connection is closed at the next request; a new one answers
     assert t.request("GET", "/b", None, {})[0] == 201
     assert server.connections == 2
+    server.close()
+
+
+def test_when_the_server_closed_every_idle_connection_the_retry_takes_a_new_one():
+    server = ScriptedServer([OK])
+    t = transport(server.port)
+    t._idle = [t._connect(), t._connect()]  # kept from a burst, then idle past the server's timeout
+    server.drop_idle()
+    time.sleep(0.05)
+    assert t.request("GET", "/a", None, {})[0] == 201
+    assert server.connections == 3
     server.close()
 
 
