@@ -41,6 +41,7 @@ TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 qui
 # The package's token hook re-reads the kubeconfig on every call (0.5 ms, most of it scanning the
 # environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
 AUTH_REFRESH_SECONDS = 10.0
+WATCH_CONNECTIONS = 72  # bind's node watches (at most 64) and its pending-pod watch, with room
 
 # Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
 # bind's fake API (tests/test_placer.py) offers bind only the methods BIND grants.
@@ -105,6 +106,8 @@ class Kube:
         self.configuration = configuration
         self.host = configuration.host.rstrip("/")
         # The kubernetes package's pool: its TLS settings (CA, client certificates) come with it.
+        # Room for bind's watches (a connection each, held for minutes) beside its calls.
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, WATCH_CONNECTIONS)
         self.http = ApiClient(configuration).rest_client.pool_manager
         # Without a proxy, calls go over kubeapi/transport.py: a third of urllib3's CPU per call.
         proxied = configuration.proxy and not should_bypass_proxies(configuration.host, configuration.no_proxy or "")

@@ -18,6 +18,7 @@ log = logging.getLogger("bind")
 WATCH_SECONDS = 300  # one watch request; the next continues from its last resourceVersion
 WATCH_IDLE_SECONDS = 600  # a view nobody asked for this long stops being watched
 WATCH_RETRY_SECONDS = 30  # after a watch failed: no new watch for this long
+MAX_WATCHED_NODES = 64
 WATCH_EVENTS = prom.Counter("gpu_scheduler_bind_watch_events_total", "Pod changes taken from watches", ["view"])
 
 
@@ -53,9 +54,10 @@ class NodePods:
     then watched from that listing's resourceVersion, as kube-scheduler's informers do: a pod bound
     there by anyone, finished or deleted, shows within milliseconds, and a placement costs no
     listing. Listing every second instead cost a LIST of all the node's pods, maps included, per
-    node per second (bench/README.md). Where a watch cannot run (it fails, or the API server
-    ends it with 410 Gone), the node is listed again, at most every `ttl` seconds, until a watch
-    runs again. A node nobody placed on for WATCH_IDLE_SECONDS stops being watched.
+    node per second (README, "Performance"). Where a watch cannot run (it fails, or the API
+    server ends it with 410 Gone), the node is listed again, at most every `ttl` seconds, until a
+    watch runs again. A node nobody placed on for WATCH_IDLE_SECONDS stops being watched. Each
+    watch is a thread and a connection: at most MAX_WATCHED_NODES at once, other nodes listed.
 
     `reserve` is check-and-assume in one step under one lock: the check is pure and takes well
     under a millisecond; listing and watching happen outside the lock."""
@@ -104,7 +106,8 @@ class NodePods:
                 for uid in [uid for uid, (at, _) in assumed.items() if at < started]:
                     del assumed[uid]
                 self._rebuild(node)
-                if version and time.monotonic() - self._watch_failed_at > self.WATCH_RETRY_SECONDS:
+                if version and len(self._watched) < MAX_WATCHED_NODES \
+                        and time.monotonic() - self._watch_failed_at > self.WATCH_RETRY_SECONDS:
                     self._watched[node] = version
                     threading.Thread(target=self._watch, args=(node,), name=f"watch-{node}"[:64], daemon=True).start()
         return True
