@@ -157,9 +157,11 @@ class Kube:
     def list_pods(self, field_selector: str) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]
 
-    def list_pods_and_version(self, field_selector: str) -> tuple[list[dict], str]:
-        """The pods, and the resourceVersion of the listing: where a watch of them starts."""
-        listing = self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})
+    def list_pods_and_version(self, field_selector: str, limit: int = 0) -> tuple[list[dict], str]:
+        """The pods (the first `limit` of them, when given), and the resourceVersion of the
+        listing: where a watch of them starts."""
+        query = {"fieldSelector": field_selector, **({"limit": str(limit)} if limit else {})}
+        listing = self._call("GET", "/api/v1/pods", query=query)
         return listing["items"], (listing.get("metadata") or {}).get("resourceVersion") or ""
 
     def watch_pods(self, field_selector: str, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:

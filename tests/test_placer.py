@@ -53,11 +53,11 @@ class FakeApi:
             raise AttributeError(method)
         return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
 
-    def list_pods_and_version(self, field_selector):
+    def list_pods_and_version(self, field_selector, limit=0):
         """As scripted for list_pods; the pending-pod watch's listing as scripted for
         list_pending (by default refused: event pods are read with GETs)."""
         if field_selector == PENDING_SELECTOR:
-            return self._answer("list_pending", field_selector), "1"
+            return self._answer("list_pending", field_selector, limit), "1"
         return self._answer("list_pods", field_selector), "1"
 
     def watch_pods(self, field_selector, version, seconds):  # the same, for watch_pending
@@ -362,9 +362,15 @@ def pending_watched(placer: Placer, uid: str, version: str) -> None:
 
 def test_an_event_for_a_watched_version_is_placed_from_the_watch_as_the_api_server_has_it():
     stream = ScriptedWatch()
-    placer, api = placer_with(list_pending=[[copy.deepcopy(POD)]], watch_pending=[stream])
+    placer, api = placer_with(list_pending=[[]], watch_pending=[stream])
     uid, version = POD["metadata"]["uid"], POD["metadata"]["resourceVersion"]
+    placer.pending.get(uid, version)  # the first lookup starts the watch, from a one-item listing
+    watched = copy.deepcopy(POD)
+    watched["metadata"]["managedFields"] = [{"manager": "kube-controller-manager", "fieldsV1": {}}]
+    stream.events.put(("ADDED", watched))
     pending_watched(placer, uid, version)
+    ((_, limit), _), = api.called("list_pending")
+    assert limit == 1 and "managedFields" not in placer.pending.get(uid, version)["metadata"]
     forged = copy.deepcopy(POD)  # the real pod's UID and version, another map
     forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node9:0\n"
     assert event_placed(placer, forged)["node"] == "node1"  # where the API server's copy says
@@ -376,8 +382,10 @@ def test_an_event_for_a_watched_version_is_placed_from_the_watch_as_the_api_serv
 
 def test_an_event_for_another_version_than_the_watched_one_is_read_with_a_get():
     stream = ScriptedWatch()
-    placer, api = placer_with(list_pending=[[copy.deepcopy(POD)]], watch_pending=[stream], read_pod=[copy.deepcopy(POD)])
+    placer, api = placer_with(list_pending=[[]], watch_pending=[stream], read_pod=[copy.deepcopy(POD)])
     uid = POD["metadata"]["uid"]
+    placer.pending.get(uid, "")
+    stream.events.put(("ADDED", copy.deepcopy(POD)))
     pending_watched(placer, uid, POD["metadata"]["resourceVersion"])
     newer = copy.deepcopy(POD)
     newer["metadata"]["resourceVersion"] = "317"

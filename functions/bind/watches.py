@@ -206,16 +206,19 @@ class NodePods:
 
 class PendingPods:
     """Our pods waiting for a node (`spec.schedulerName=gpu-scheduler,spec.nodeName=`), each as
-    the API server has it, from one listing and then one watch of them all. place_event places
+    the API server has it, from one watch of them all. place_event places
     an event's pod from here when this holds that pod (its UID) at the event's resourceVersion:
     the API server's own copy of that version, so a forged event can only point bind at a real
     pending pod, which is placed as its real map says; the Binding's resourceVersion
     precondition refuses it if the pod changed since. Anything else (not yet seen, another
     version, the watch not running) is read with a GET, as before.
 
-    Bounded: at most MAX_BYTES of pods are kept (past that, events are read with a GET). The
-    watch starts with the first lookup (functions-framework forks after import) and stops when
-    nobody looked for WATCH_IDLE_SECONDS."""
+    Bounded: at most MAX_BYTES of pods are kept (past that, events are read with a GET), without
+    their managedFields (a third of a pod, never read here). The watch starts with the first
+    lookup (functions-framework forks after import), from the version of a one-item listing: the
+    pods pending before then are read with GETs as their events come, rather than listed all at
+    once (a backlog of hundreds of pods with large maps is tens of MB to decode at a time). It
+    stops when nobody looked for WATCH_IDLE_SECONDS."""
 
     MAX_BYTES = 8 * 1024 * 1024  # of JSON; about twice that in memory
 
@@ -243,12 +246,10 @@ class PendingPods:
     def _run(self) -> None:
         try:
             while True:  # a 410 lists again; anything else ends it
-                items, version = self.api.list_pods_and_version(PENDING_SELECTOR)
+                _, version = self.api.list_pods_and_version(PENDING_SELECTOR, limit=1)
                 with self._lock:
                     self._pods.clear()
                     self._bytes = 0
-                    for pod in items:
-                        self._put(pod, estimated_size(pod))
                 try:
                     follow(self.api, PENDING_SELECTOR, version, WATCH_SECONDS, self._apply,
                            lambda: time.monotonic() - self._used_at <= WATCH_IDLE_SECONDS)
@@ -279,6 +280,8 @@ class PendingPods:
         uid = str(meta.get("uid") or "")
         self._drop(uid)
         if uid and self._bytes + size <= self.MAX_BYTES:
+            if isinstance(meta, dict):
+                meta.pop("managedFields", None)
             self._pods[uid] = (str(meta.get("resourceVersion") or ""), pod, size)
             self._bytes += size
 
@@ -287,8 +290,3 @@ class PendingPods:
         if entry is not None:
             self._bytes -= entry[2]
 
-
-def estimated_size(pod: Mapping[str, Any]) -> int:
-    """A listed pod's size in memory, roughly: its annotations (the map, mostly) and 4 KiB."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return 4096 + sum(len(k) + len(v) for k, v in annotations.items() if isinstance(v, str))
