@@ -305,3 +305,50 @@ def test_fit_agrees_with_kube_scheduler(stack, namespace, fit_node, seed):
         stack.wait_for(lambda: not stack.pods(namespace), 30, "pods gone", interval=0.2)
     assert not disagreements, disagreements
     assert True in verdicts and False in verdicts, verdicts  # the cases ask both questions
+
+
+def bind_node_listings(stack) -> float:
+    """How many cluster-wide pod LISTs the API server has served: bind's listings of a node's
+    pods (fieldSelector=spec.nodeName=...) are the only ones while the event source is paused."""
+    total = 0.0
+    for line in stack.cp.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{") and 'resource="pods"' in line and 'scope="cluster"' in line \
+                and 'verb="LIST"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def watched_reads(stack) -> float:
+    """Events whose pod bind took from its pending-pod watch (its /metrics)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"{stack.bind_url}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('gpu_scheduler_bind_pod_reads_total{source="watch"}'))
+
+
+def test_a_holder_bound_by_someone_else_is_seen_through_the_node_watch_without_a_listing(stack, namespace, fit_node):
+    """After its first listing of a node, bind watches the node's pods: a pod another workload
+    puts there a moment later (directly, with its device record) holds its GPU for the next
+    placement at once, and bind lists the node no more. The second pod's event is placed from
+    the pending-pod watch's copy, without a GET."""
+    stack.source.paused = True  # only the events posted here reach bind
+    try:
+        stack.apply(pod_manifest(namespace, "first-0", f"0={fit_node}:0\n"))
+        stack.wait_for(lambda: stack.pods(namespace), 20, "the first pod created")
+        status, body = post_event(stack.bind_url, pod_named(stack, namespace, "first-0"), stack.cp.server)
+        assert (status, body["result"]) == (200, "Bound")  # bind listed the node and watches it now
+        listings = bind_node_listings(stack)
+        holder = filler(namespace, fit_node, "holder-0")
+        holder["metadata"]["annotations"] = {DEVICES_ANNOTATION: "1"}
+        stack.apply(holder)
+        stack.apply(pod_manifest(namespace, "second-0", f"0={fit_node}:1\n"))
+        stack.wait_for(lambda: len(stack.pods(namespace)) == 3, 20, "the holder and the second pod created")
+        time.sleep(1)  # the watches deliver in milliseconds; a loaded machine gets a second
+        reads = watched_reads(stack)
+        status, body = post_event(stack.bind_url, pod_named(stack, namespace, "second-0"), stack.cp.server)
+        assert (status, body["result"]) == (200, "Unschedulable"), body
+        assert watched_reads(stack) == reads + 1  # its pod, from the pending-pod watch: no GET
+        assert body["message"].startswith(f"GPU 1 on {fit_node} is held by {namespace}/holder-0")
+        assert bind_node_listings(stack) == listings  # seen through the watch, not a new listing
+    finally:
+        stack.source.paused = False
