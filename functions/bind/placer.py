@@ -134,12 +134,8 @@ class Placer:
                 if error.status != 404:
                     raise
                 live = self.api.read_pod(ref.namespace, ref.name)  # created after the cache's view
-        except ApiException as error:
-            if error.status == 404:
-                return self._report(ref, GONE, "the pod does not exist")
-            return self._report(ref, failure_outcome(error.status or 0), f"reading the pod: {_api_message(error)}")
-        except urllib3.exceptions.HTTPError as error:
-            return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            return self._unreadable(ref, error)
         if (live.get("metadata") or {}).get("uid") != ref.uid:
             return self._report(ref, REPLACED, "the event's pod was deleted; a pod of the same name has another UID")
         if (live.get("spec") or {}).get("nodeName"):  # a duplicate, or another instance was first
@@ -192,13 +188,18 @@ class Placer:
 
     def _place_as_it_is_now(self, ref: PodRef) -> dict[str, Any]:
         try:
-            return self.place(self.api.read_pod(ref.namespace, ref.name), again=False)
-        except ApiException as error:
+            pod = self.api.read_pod(ref.namespace, ref.name)
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            return self._unreadable(ref, error)
+        return self.place(pod, again=False)
+
+    def _unreadable(self, ref: PodRef, error: Exception) -> dict[str, Any]:
+        """The outcome when the pod could not be read: gone (404), or as the API failed."""
+        if isinstance(error, ApiException):
             if error.status == 404:
                 return self._report(ref, GONE, "the pod does not exist")
             return self._report(ref, failure_outcome(error.status or 0), f"reading the pod: {_api_message(error)}")
-        except urllib3.exceptions.HTTPError as error:
-            return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
+        return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
 
     @staticmethod
     def _ignored(why: str) -> dict[str, Any]:
