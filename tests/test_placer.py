@@ -416,3 +416,10 @@ def test_the_pending_pod_watch_keeps_at_most_its_byte_bound():
     time.sleep(0.05)
     assert sorted(placer.pending._pods) == ["u-0", "u-1"] and placer.pending._bytes == 200
     stream.events.put(None)
+
+
+def test_a_pod_deleted_while_it_was_placed_again_is_gone():
+    placer, api = placer_with(bind=[api_error(409, "the object has been modified")],
+                              read_pod=[copy.deepcopy(POD), api_error(404)])
+    assert placed(placer)["result"] == "PodGone"
+    assert len(api.called("bind")) == 1
