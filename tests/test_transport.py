@@ -104,6 +104,10 @@ def test_when_the_server_closed_every_idle_connection_the_retry_takes_a_new_one(
     server = ScriptedServer([OK])
     t = transport(server.port)
     t._idle = [t._connect(), t._connect()]  # kept from a burst, then idle past the server's timeout
+    deadline = time.monotonic() + 5
+    while len(server.accepted) < 2:  # both accepted, so that both are closed
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     server.drop_idle()
     time.sleep(0.05)
     assert t.request("GET", "/a", None, {})[0] == 201
