@@ -141,7 +141,11 @@ def test_an_api_server_outage_mid_rollout_heals_without_a_ping():
         time.sleep(4)
         own.cp.start_apiserver()
         returned = time.monotonic()
-        pods = own.wait_bound(namespace, 40, timeout=60)  # no ping is ever sent; 60 s: a loaded 2-core CI machine restarts kube-apiserver slowly
+        try:  # no ping is ever sent; 60 s: a loaded 2-core CI machine restarts kube-apiserver slowly
+            pods = own.wait_bound(namespace, 40, timeout=60)
+        except TimeoutError as timeout:  # what bind did, so that a failure says why
+            bound = sum(1 for p in own.pods(namespace) if p["spec"].get("nodeName"))
+            raise AssertionError(f"{timeout}: {bound} of 40 bound; bind's log:\n{own.cp.log_tail('bind', 60)}") from None
         print(f"all 40 bound {time.monotonic() - returned:.1f}s after the API server returned;"
               f" events the adapter gave up on: {len(own.source.sender.dropped)}")
         assert own.source.sender.dropped, "the outage should make the adapter drop events"
