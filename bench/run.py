@@ -11,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -129,20 +130,12 @@ def start_bind_at(stack: LocalStack, revision: str, into: Path) -> str | None:
     if archive.returncode != 0:
         return None
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    port = free_port()
-    stack.cp._spawn(f"bind-{revision}", [
-        sys.executable, "-m", "functions_framework", "--target", "bind", "--source",
-        str(into / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(port),
-    ], env={**stack._function_env(KUBECONFIG=str(stack.bind_kubeconfig)), "PYTHONPATH": str(into)})
-    url = f"http://127.0.0.1:{port}"
-    stack.cp._wait(f"bind-{revision}", lambda: stack._get(f"{url}/health/readiness") == 200, "/health/readiness")
-    return url
+    return stack.start_bind(f"bind-{revision}", free_port(), into)
 
 
 def fit_cost(stack: LocalStack, n: int, reps: int) -> dict:
     """bind's throughput now over bind's at BEFORE_FIT, each run on its own pending pods, the
     two interleaved (and their order alternated) on the same control plane."""
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="bind-before-fit-") as into:
         before_url = start_bind_at(stack, BEFORE_FIT, Path(into))
         if before_url is None:

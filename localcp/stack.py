@@ -147,11 +147,18 @@ class LocalStack:
 
     def _start_bind(self) -> None:
         self.bind_kubeconfig = self._bind_kubeconfig()
-        self.cp._spawn("bind", [
+        self.start_bind("bind", self.bind_port)
+
+    def start_bind(self, name: str, port: int, tree: Path = REPO) -> str:
+        """bind from `tree` (its functions/ and core, e.g. an older revision's), served by
+        functions-framework as the bind account, ready; its URL. Stopped with the stack."""
+        self.cp._spawn(name, [
             PYTHON, "-m", "functions_framework", "--target", "bind", "--source",
-            str(REPO / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(self.bind_port),
-        ], env=self._function_env(KUBECONFIG=str(self.bind_kubeconfig)))
-        self.cp._wait("bind", lambda: self._get(f"{self.bind_url}/health/readiness") == 200, "/health/readiness")
+            str(tree / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(port),
+        ], env={**self._function_env(KUBECONFIG=str(self.bind_kubeconfig)), "PYTHONPATH": str(tree)})
+        url = f"http://127.0.0.1:{port}"
+        self.cp._wait(name, lambda: self._get(f"{url}/health/readiness") == 200, "/health/readiness")
+        return url
 
     def ping(self) -> dict:
         """What a PingSource tick does: ask bind to resync. Returns bind's answer."""

@@ -62,8 +62,6 @@ class NodePods:
     `reserve` is check-and-assume in one step under one lock: the check is pure and takes well
     under a millisecond; listing and watching happen outside the lock."""
 
-    WATCH_SECONDS, WATCH_IDLE_SECONDS, WATCH_RETRY_SECONDS = WATCH_SECONDS, WATCH_IDLE_SECONDS, WATCH_RETRY_SECONDS
-
     def __init__(self, api, ttl: float = 1.0):
         self.api, self.ttl = api, ttl
         self._listed_at: dict[str, float] = {}  # node -> when its last listing started
@@ -107,7 +105,7 @@ class NodePods:
                     del assumed[uid]
                 self._rebuild(node)
                 if version and len(self._watched) < MAX_WATCHED_NODES \
-                        and time.monotonic() - self._watch_failed_at > self.WATCH_RETRY_SECONDS:
+                        and time.monotonic() - self._watch_failed_at > WATCH_RETRY_SECONDS:
                     self._watched[node] = version
                     threading.Thread(target=self._watch, args=(node,), name=f"watch-{node}"[:64], daemon=True).start()
         return True
@@ -118,9 +116,9 @@ class NodePods:
         try:
             with self._lock:
                 version = self._watched[node]
-            follow(self.api, f"spec.nodeName={node}", version, self.WATCH_SECONDS,
+            follow(self.api, f"spec.nodeName={node}", version, WATCH_SECONDS,
                    lambda kind, obj, size: self._apply(node, kind, obj),
-                   lambda: time.monotonic() - self._used_at.get(node, 0.0) <= self.WATCH_IDLE_SECONDS)
+                   lambda: time.monotonic() - self._used_at.get(node, 0.0) <= WATCH_IDLE_SECONDS)
         except WatchGone as gone:  # the next placement lists afresh and watches from there
             log.info("node watch ended", extra={"node": node, "detail": str(gone)})
         except Exception as error:  # an outage, a 403 from older RBAC: list instead, watch again later
