@@ -142,9 +142,15 @@ RETRY = "Retry"
 TRANSIENT_STATUSES = frozenset({0, 408, 425, 429, 500, 502, 503, 504})
 
 
-def failure_outcome(status: int) -> str:
-    """The outcome of a Binding call that failed with `status` (409 excepted)."""
-    if status in TRANSIENT_STATUSES:
+# Right after a restart the API server answers 403 with this message for seconds, while its
+# authorizer's informers sync: transient, not a refusal.
+NOT_YET_READY = "not yet ready to handle request"
+
+
+def failure_outcome(status: int, message: str = "") -> str:
+    """The outcome of an API call that failed with `status` and the API server's `message` (409
+    excepted)."""
+    if status in TRANSIENT_STATUSES or (status == 403 and NOT_YET_READY in message):
         return RETRY
     if status == 404:
         return GONE

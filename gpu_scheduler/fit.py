@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import ANNOTATION, SCHEDULER_NAME
-from .nodecheck import _map, node_problem
+from .nodecheck import _map, node_refusal
 from .nodecheck import _maps as _list
 from .placement import NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import Placement
@@ -373,22 +373,43 @@ class NodeInfo:
 
 
 # -- all of them -----------------------------------------------------------------------------------
-def fit_problem(pod: Mapping[str, Any], node: Mapping[str, Any], placement: Placement,
-                pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo") -> str | None:
-    """Why `pod` does not fit on `node` next to the pods on it (None: it fits), in the order
-    kube-scheduler runs its filters; GPU accounting last. Terminal pods and the pod itself do
-    not count."""
+NODE_PORTS, NODE_RESOURCES_FIT, GPUS_HELD = "NodePorts", "NodeResourcesFit", "GPUsHeld"
+
+
+def fit_refusal(pod: Mapping[str, Any], node: Mapping[str, Any], placement: Placement,
+                pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo") -> tuple[str, str] | None:
+    """Why `pod` does not fit on `node` next to the pods on it, as (filter, message); None: it
+    fits. In the order kube-scheduler runs its filters; GPU accounting last. Terminal pods and the
+    pod itself do not count."""
     info = pods_on_node if isinstance(pods_on_node, NodeInfo) else NodeInfo.of(pods_on_node)
     info = info.without(str(metadata(pod).get("uid") or ""))
-    return (node_affinity(pod, placement.node, node_labels(node))
-            or node_ports(pod, info)
-            or node_resources_fit(pod, node, info)
-            or gpus_held(pod, placement, info))
+    for name, problem in ((NODE_AFFINITY, lambda: node_affinity(pod, placement.node, node_labels(node))),
+                          (NODE_PORTS, lambda: node_ports(pod, info)),
+                          (NODE_RESOURCES_FIT, lambda: node_resources_fit(pod, node, info)),
+                          (GPUS_HELD, lambda: gpus_held(pod, placement, info))):
+        message = problem()
+        if message:
+            return name, message
+    return None
+
+
+def fit_problem(pod: Mapping[str, Any], node: Mapping[str, Any], placement: Placement,
+                pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo") -> str | None:
+    """Why `pod` does not fit on `node` next to the pods on it (None: it fits)."""
+    refusal = fit_refusal(pod, node, placement, pods_on_node)
+    return refusal[1] if refusal else None
+
+
+def bind_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
+                 pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo" = ()) -> tuple[str, str] | None:
+    """Why bind would not bind `pod` to `node` now, as (filter, message); None: it would. The
+    node's own state (nodecheck), then the fit next to the pods already on it."""
+    return node_refusal(pod, node, placement) or (fit_refusal(pod, node, placement, pods_on_node) if node else None)
 
 
 def bind_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
                  pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo" = ()) -> str | None:
-    """Why bind would not bind `pod` to `node` now (None: it would): the node's own state
-    (nodecheck), then the fit next to the pods already on it. bind, `plan --cluster` and `explain`
-    all ask this one function."""
-    return node_problem(pod, node, placement) or (fit_problem(pod, node, placement, pods_on_node) if node else None)
+    """Why bind would not bind `pod` to `node` now (None: it would). bind, `plan --cluster` and
+    `explain` all ask this one question."""
+    refusal = bind_refusal(pod, node, placement, pods_on_node)
+    return refusal[1] if refusal else None

@@ -55,25 +55,41 @@ def gpu_capacity(node: Mapping[str, Any]) -> int | None:
         return None
 
 
-def node_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement) -> str | None:
-    """Why `pod` cannot be bound to `node` now (None: it can)."""
+# The filter names bind reports a refusal under (kube-scheduler's where it has one): what the
+# scheduling queue keys the cluster events that can undo the refusal on (gpu_scheduler.queueing).
+NODE_EXISTS = "NodeExists"
+NODE_UNSCHEDULABLE = "NodeUnschedulable"
+NODE_READY = "NodeReady"
+TAINT_TOLERATION = "TaintToleration"
+NODE_GPU_CAPACITY = "NodeGPUCapacity"
+
+
+def node_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement) -> tuple[str, str] | None:
+    """Why `pod` cannot be bound to `node` now, as (filter, message); None: it can."""
     name = placement.node
     if node is None:
-        return f"node {name} does not exist"
+        return NODE_EXISTS, f"node {name} does not exist"
     if _map(node.get("spec")).get("unschedulable") is True:
-        return f"node {name} is cordoned (spec.unschedulable)"
+        return NODE_UNSCHEDULABLE, f"node {name} is cordoned (spec.unschedulable)"
     ready, detail = _ready(node)
     if not ready:
-        return f"node {name} is not Ready" + (f": {detail}" if detail else "")
+        return NODE_READY, f"node {name} is not Ready" + (f": {detail}" if detail else "")
     tolerations = _maps(spec(pod).get("tolerations"))
     for taint in _maps(_map(node.get("spec")).get("taints")):
         if taint.get("effect") in BLOCKING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
             shown = f"{taint.get('key')}={taint.get('value')}" if taint.get("value") else taint.get("key")
-            return f"node {name} has taint {{{shown}: {taint.get('effect')}}} that the pod does not tolerate"
+            return TAINT_TOLERATION, f"node {name} has taint {{{shown}: {taint.get('effect')}}} that the pod does not tolerate"
     capacity = gpu_capacity(node)
     if capacity is not None:
         beyond = [i for i in placement.device_indexes() if i >= capacity]
         if beyond:
             listed = ", ".join(map(str, beyond))
-            return f"device {listed} is beyond node {name}'s {capacity} {GPU_RESOURCE} (indexes 0..{capacity - 1})"
+            return NODE_GPU_CAPACITY, (f"device {listed} is beyond node {name}'s {capacity} {GPU_RESOURCE}"
+                                       f" (indexes 0..{capacity - 1})")
     return None
+
+
+def node_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement) -> str | None:
+    """Why `pod` cannot be bound to `node` now (None: it can)."""
+    refusal = node_refusal(pod, node, placement)
+    return refusal[1] if refusal else None

@@ -1,0 +1,198 @@
+"""Device records: who holds each GPU, kept in the API server so that every bind instance sees
+the same truth and two of them can never give one device to two workloads.
+
+One Lease (coordination.k8s.io/v1) per node and device, in bind's own namespace. Giving a device
+is a write that fails when another instance wrote first: a create (the API server refuses a second
+object of the same name, 409 AlreadyExists), or an update carrying the resourceVersion it was
+decided from (409 Conflict when anyone changed it since). The record names the workload(s), not
+the pod: the replicas of one workload share their devices, as the map says, without a write each.
+
+A record holds its device while a non-terminal pod of a holder workload on that node holds it
+(bind's view of the node's pods), and, unless the view saw the pod it was last written for
+deleted, for GRACE_SECONDS after it was last written: long enough for the Binding that follows the
+write to show in every instance's view.
+Past both, the record is free: the next workload takes it over with an update (the precondition
+again decides between two instances), and bind deletes it meanwhile. So a record whose pod was
+never bound (bind died between the two writes) frees its device GRACE_SECONDS after it was
+written, plus the view's delay.
+
+Pure: Lease bodies in, decisions out; the writes are functions/bind's."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Container, Iterable, Mapping
+
+from .fit import PodInfo, SHARE_ANNOTATION
+from .nodecheck import _map
+
+GRACE_SECONDS = 30
+# A holder renews the record when it places another replica and the record is older than this:
+# the Binding then shows in the views long before the record could be taken over.
+RENEW_AFTER_SECONDS = GRACE_SECONDS // 2
+MAX_HOLDERS = 32  # workloads sharing one device; each is one line of the record
+LEASE_API = "coordination.k8s.io/v1"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RECORD_SELECTOR = f"{MANAGED_BY}=gpu-scheduler"
+NODE_KEY, DEVICE_KEY = "gpu-scheduler/node", "gpu-scheduler/device"
+HOLDERS_KEY, POD_KEY, POD_UID_KEY = "gpu-scheduler/holders", "gpu-scheduler/last-pod", "gpu-scheduler/last-pod-uid"
+_NAME_SAFE = re.compile(r"^[0-9]{1,4}$")
+
+
+def workload_key(workload: tuple[str, ...]) -> str:
+    """fit.workload's tuple as one line: `StatefulSet team-a/train`, or `pods of map 3f9c… in team-a`
+    for bare pods written from one map (the map's digest: a map can be 256 KiB)."""
+    if workload and workload[0] == "owner":
+        return f"{workload[2]} {workload[1]}/{workload[3]}"
+    digest = hashlib.sha256((workload[2] if len(workload) > 2 else "").encode()).hexdigest()[:16]
+    return f"pods of map {digest} in {workload[1] if len(workload) > 1 else ''}"
+
+
+def record_name(node: str, device: str) -> str:
+    """The Lease's name: `<node>.gpu-<index>` where that is a valid name (node names are DNS
+    subdomains of up to 253 characters); else a digest of both, since UUIDs and MIG paths hold
+    upper case and '/'. The annotations carry the exact node and device either way."""
+    if _NAME_SAFE.match(device) and len(node) + 5 + len(device) <= 253:
+        return f"{node}.gpu-{device}"
+    return "gpu-" + hashlib.sha256(f"{node}\0{device}".encode()).hexdigest()[:40]
+
+
+def _time(value: float) -> str:
+    return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: Any) -> float:
+    if not isinstance(value, str):
+        return 0.0
+    for pattern in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(value, pattern).replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            continue
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    node: str
+    device: str
+    holders: tuple[str, ...]  # workload keys
+    shares: bool  # the holders set gpu-scheduler/share-gpus: "true"
+    written: float  # renewTime, seconds since the epoch
+    resource_version: str
+    last_pod: str = ""
+    last_uid: str = ""
+
+    @classmethod
+    def of(cls, lease: Mapping[str, Any]) -> "Record | None":
+        """The record in a Lease, or None when it is not one of ours (or damaged: it then holds
+        nothing, and is not written over, since its name may still be taken by a create)."""
+        meta = _map(lease.get("metadata"))
+        annotations = _map(meta.get("annotations"))
+        node, device = annotations.get(NODE_KEY), annotations.get(DEVICE_KEY)
+        try:
+            holders = json.loads(annotations.get(HOLDERS_KEY) or "[]")
+        except ValueError:
+            return None
+        if not (isinstance(node, str) and isinstance(device, str) and isinstance(holders, list)
+                and all(isinstance(h, str) for h in holders)):
+            return None
+        spec = _map(lease.get("spec"))
+        return cls(str(meta.get("name") or ""), node, device, tuple(holders),
+                   annotations.get(SHARE_ANNOTATION) == "true", _parse_time(spec.get("renewTime")),
+                   str(meta.get("resourceVersion") or ""), str(annotations.get(POD_KEY) or ""),
+                   str(annotations.get(POD_UID_KEY) or ""))
+
+
+def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod: str, pod_uid: str, now: float,
+              previous: Record | None = None) -> dict[str, Any]:
+    """The Lease body recording `holders` on (node, device), written at `now`: created (no
+    `previous`) or replacing `previous` at its resourceVersion, the update's precondition."""
+    holders = list(holders)
+    meta: dict[str, Any] = {
+        "name": record_name(node, device),
+        "labels": {MANAGED_BY: "gpu-scheduler"},
+        "annotations": {NODE_KEY: node, DEVICE_KEY: device, HOLDERS_KEY: json.dumps(holders),
+                        POD_KEY: pod, POD_UID_KEY: pod_uid, **({SHARE_ANNOTATION: "true"} if shares else {})},
+    }
+    if previous is not None:
+        meta["resourceVersion"] = previous.resource_version
+    return {"apiVersion": LEASE_API, "kind": "Lease", "metadata": meta,
+            "spec": {"holderIdentity": holders[0][:1024] if holders else "", "leaseDurationSeconds": GRACE_SECONDS,
+                     "acquireTime": _time(now), "renewTime": _time(now)}}
+
+
+# -- the decision for one device -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Create:
+    """No record: create it (AlreadyExists means another instance was first: read it, decide again)."""
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Ours, written recently: nothing to write."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """Update `record` to `holders` (renew, join or take over), with its version as precondition."""
+
+    record: Record
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Held:
+    """Another workload holds the device: the refusal users see."""
+
+    message: str
+
+
+def live_holder(record: Record, pods_on_node: Iterable[PodInfo]) -> PodInfo | None:
+    """A non-terminal pod on the node of a holder workload that holds the device, if any."""
+    for pod in pods_on_node:
+        if record.device in pod.devices and workload_key(pod.workload) in record.holders:
+            return pod
+    return None
+
+
+def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: Iterable[PodInfo], now: float,
+                gone: Container[str] = frozenset()):
+    """What giving (record.node, record.device) to workload `mine` takes: Create, Keep, Write, or
+    Held with the reason. `pods_on_node`: the node's non-terminal pods as bind sees them; `gone`:
+    the UIDs of pods bind saw deleted."""
+    if record is None:
+        return Create()
+    if mine in record.holders:
+        return Keep() if now - record.written < RENEW_AFTER_SECONDS else Write(record, record.holders)
+    if shares and record.shares:
+        if len(record.holders) >= MAX_HOLDERS:
+            return Held(f"GPU {record.device} on {record.node} is shared by {len(record.holders)} workloads already"
+                        f" (at most {MAX_HOLDERS})")
+        return Write(record, record.holders + (mine,))
+    holder = live_holder(record, pods_on_node)
+    if holder is not None:
+        return Held(f"GPU {record.device} on {record.node} is held by {holder.name} ({record.holders[0]}; "
+                    f'both workloads may set {SHARE_ANNOTATION}: "true" to share)')
+    if in_grace(record, now, gone):
+        who = f"{record.last_pod} ({record.holders[0]})" if record.last_pod and record.holders else \
+            (record.holders[0] if record.holders else "another workload")
+        return Held(f"GPU {record.device} on {record.node} was given to {who} "
+                    f"{max(0, int(now - record.written))} s ago; it is free again {GRACE_SECONDS} s after that"
+                    " unless that pod is bound")
+    return Write(record, (mine,))
+
+
+def in_grace(record: Record, now: float, gone: Container[str] = frozenset()) -> bool:
+    """Written for a pod within GRACE_SECONDS, and that pod not seen deleted: it may be bound
+    already, and not yet in this instance's view."""
+    return now - record.written < GRACE_SECONDS and not (record.last_uid and record.last_uid in gone)
+
+
+def is_free(record: Record, pods_on_node: Iterable[PodInfo], now: float, gone: Container[str] = frozenset()) -> bool:
+    """No holder pod on the node and past its grace: the record can be deleted."""
+    return not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None
