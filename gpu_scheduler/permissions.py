@@ -5,17 +5,27 @@ and the running code needs no more (by impersonating the ServiceAccount on a rea
 """
 # (apiGroup, resource, verb)
 BIND = frozenset({
-    ("", "pods", "get"),            # re-read a pod after a 409 from pods/binding
-    ("", "pods", "list"),           # resync: pending pods of ours in all namespaces; a node's pods
-    ("", "pods", "watch"),          # the pods on the nodes bind places on, kept current (fit, GPUs)
+    ("", "pods", "get"),            # a pod an event names that bind's watch does not hold yet; re-read after a 409
+    ("", "pods", "list"),           # the pod watch's listing: our pending pods and the pods on every node
+    ("", "pods", "watch"),          # the cluster's pods, kept current: bind's queue, fit and GPU accounting
     ("", "pods/binding", "create"),  # the placement itself
     ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does
     ("", "events", "create"),       # Scheduled / FailedScheduling
     ("", "events", "get"),          # an Event another instance created: read its count
     ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
-    ("", "nodes", "get"),           # node checks before binding
+    ("", "nodes", "list"),          # the node watch's listing
+    ("", "nodes", "watch"),         # labels, taints, conditions and allocatable, kept current
     # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
     ("authentication.k8s.io", "tokenreviews", "create"),
+})
+# bind's device records: one Lease per node and device, in bind's own namespace only (a Role).
+BIND_RECORDS = frozenset({
+    ("coordination.k8s.io", "leases", "get"),     # the record another instance wrote first
+    ("coordination.k8s.io", "leases", "list"),    # the record watch's listing
+    ("coordination.k8s.io", "leases", "watch"),   # every record, kept current
+    ("coordination.k8s.io", "leases", "create"),  # a device given: create-if-absent is the lock
+    ("coordination.k8s.io", "leases", "update"),  # a sibling joins, a free record is taken over
+    ("coordination.k8s.io", "leases", "delete"),  # a record whose pods are gone is removed
 })
 # The ApiServerSource's own account: it lists and watches pods and sends them on.
 EVENT_SOURCE = frozenset({

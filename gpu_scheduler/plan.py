@@ -9,6 +9,7 @@ files and the API and formats what these functions return.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -41,11 +42,26 @@ class ManifestError(ValueError):
 
 
 # -- workloads -> the pods they create -------------------------------------------------------
+def found(value: Any, shown: int = 60) -> str:
+    """`value` as a manifest's reader knows it (YAML/JSON terms), for messages: nothing, true,
+    -1, "3", a list, an object; never Python's None, True or 'quotes'."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, (bool, int, float, str)):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= shown else f"{text[:shown]}..."
+    return f"a {type(value).__name__}"  # YAML timestamps and binary: only safe_load's types remain
+
+
 def _object(value: Any, where: str, required: bool = True) -> Mapping[str, Any]:
     if value is None and not required:
         return {}
     if not isinstance(value, Mapping):
-        raise ManifestError(f"{where}: expected an object, found {type(value).__name__ if value is not None else 'nothing'}")
+        raise ManifestError(f"{where}: expected an object, found {found(value)}")
     return value
 
 
@@ -53,7 +69,7 @@ def _count(value: Any, where: str, default: int | None) -> int:
     if value is None and default is not None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ManifestError(f"{where}: expected a non-negative integer, found {value!r}")
+        raise ManifestError(f"{where}: expected a non-negative integer, found {found(value)}")
     if value > MAX_REPLICAS:
         raise ManifestError(f"{where} is {value}; a plan lists at most {MAX_REPLICAS} pods")
     return value
@@ -69,11 +85,29 @@ class Workload:
     name: str
     template: Mapping[str, Any] = field(repr=False)
     indexes: tuple[int | None, ...]
-    replicas: str = ""  # how the indexes come about, for people ("replicas 5, ordinals.start 2")
+    # The pods the manifest asks for: spec.replicas, an Indexed Job's spec.completions, 1 for a
+    # Pod; None for pods named with generateName (one row stands for all of them).
+    replicas: int | None = None
+    ordinals_start: int | None = None  # a StatefulSet's spec.ordinals.start
 
     @property
     def indexed(self) -> bool:
         return self.kind in ("StatefulSet", "Job") and None not in self.indexes
+
+    @property
+    def counted(self) -> str:
+        return counted(self.kind, self.indexed, self.replicas, self.ordinals_start)
+
+
+def counted(kind: str, indexed: bool, replicas: int | None, ordinals_start: int | None) -> str:
+    """How a workload's pods and indexes come about, for people: "replicas 5, ordinals.start 2"."""
+    if kind == "Pod":
+        return "the pod itself"
+    if not indexed:
+        return f"a {'NonIndexed Job' if kind == 'Job' else kind}'s pods are named with generateName"
+    if kind == "Job":
+        return f"Indexed, completions {replicas}"
+    return f"replicas {replicas}" + (f", ordinals.start {ordinals_start}" if ordinals_start else "")
 
 
 def objects_in(document: Any) -> list[Mapping[str, Any]]:
@@ -81,7 +115,7 @@ def objects_in(document: Any) -> list[Mapping[str, Any]]:
     if document is None:
         return []
     if not isinstance(document, Mapping):
-        raise ManifestError(f"expected a Kubernetes object, found {type(document).__name__}")
+        raise ManifestError(f"expected a Kubernetes object, found {found(document)}")
     if document.get("kind") == "List":
         items = document.get("items")
         if not isinstance(items, list):
@@ -107,11 +141,11 @@ def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | N
         name = f"{meta['generateName']}*"
     ns = meta.get("namespace") or namespace
     if not isinstance(ns, str):
-        raise ManifestError(f"metadata.namespace: expected a string, found {ns!r}")
+        raise ManifestError(f"metadata.namespace: expected a string, found {found(ns)}")
     obj_spec = _object(obj.get("spec"), "spec")
     if kind == "Pod":
         pod = {**obj, "metadata": {**meta, "namespace": ns}}
-        return Workload(kind, ns, name, pod, (None,), "the pod itself")
+        return Workload(kind, ns, name, pod, (None,), 1)
     if kind in UNINDEXED_KINDS:
         path = UNINDEXED_KINDS[kind]
         template: Any = obj
@@ -120,7 +154,7 @@ def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | N
         template = _object(template, ".".join(path))
         if map_text(template) is None:
             return None
-        return Workload(kind, ns, name, template, (None,), f"a {kind}'s pods are named with generateName")
+        return Workload(kind, ns, name, template, (None,))
     template = _object(obj_spec.get("template"), "spec.template")
     _object(template.get("metadata"), "spec.template.metadata", required=False)
     _object(template.get("spec"), "spec.template.spec")
@@ -128,15 +162,14 @@ def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | N
         replicas = _count(obj_spec.get("replicas"), "spec.replicas", 1)
         ordinals = _object(obj_spec.get("ordinals"), "spec.ordinals", required=False)
         start = _count(ordinals.get("start"), "spec.ordinals.start", 0)
-        shown = f"replicas {replicas}" + (f", ordinals.start {start}" if start else "")
-        return Workload(kind, ns, name, template, tuple(range(start, start + replicas)), shown)
+        return Workload(kind, ns, name, template, tuple(range(start, start + replicas)), replicas, start)
     mode = obj_spec.get("completionMode") or "NonIndexed"
     if mode == "Indexed":
         completions = _count(obj_spec.get("completions"), "spec.completions", None)
-        return Workload(kind, ns, name, template, tuple(range(completions)), f"Indexed, completions {completions}")
+        return Workload(kind, ns, name, template, tuple(range(completions)), completions)
     if mode != "NonIndexed":
-        raise ManifestError(f"spec.completionMode: expected Indexed or NonIndexed, found {mode!r}")
-    return Workload(kind, ns, name, template, (None,), "a NonIndexed Job's pods are named with generateName")
+        raise ManifestError(f"spec.completionMode: expected Indexed or NonIndexed, found {found(mode)}")
+    return Workload(kind, ns, name, template, (None,))
 
 
 def pod_for(work: Workload, index: int | None) -> dict[str, Any]:
@@ -207,10 +240,7 @@ class Row:
 
 @dataclass(frozen=True)
 class WorkloadPlan:
-    kind: str
-    namespace: str
-    name: str
-    replicas: str
+    work: Workload
     rows: tuple[Row, ...]
     warnings: tuple[Note, ...] = ()
 
@@ -224,13 +254,22 @@ def _listing(indexes: list[int], shown: int = 10) -> str:
     return head if len(indexes) <= shown else f"{head}, ... ({len(indexes)} in all)"
 
 
+def not_ours(pod: Mapping[str, Any]) -> str | None:
+    """Why gpu-scheduler does not place `pod` (another scheduler does); None: it does."""
+    name = spec(pod).get("schedulerName")
+    if name == SCHEDULER_NAME:
+        return None
+    given = "is not set (the default scheduler's)" if name is None else f"is {found(name)}"
+    return (f"spec.schedulerName {given}, not {SCHEDULER_NAME}: another scheduler places this pod"
+            " and the map's node is not enforced")
+
+
 def _row(pod: Mapping[str, Any], index: int | None) -> Row:
     name = pod_name(pod)
     problems: list[Note] = []
-    if spec(pod).get("schedulerName") != SCHEDULER_NAME:
-        problems.append(Note(NOT_OUR_SCHEDULER,
-                             f"spec.schedulerName is {spec(pod).get('schedulerName')!r}, not {SCHEDULER_NAME!r}:"
-                             " another scheduler places this pod and the map's node is not enforced"))
+    other_scheduler = not_ours(pod)
+    if other_scheduler:
+        problems.append(Note(NOT_OUR_SCHEDULER, other_scheduler))
     try:
         resolved = resolve(pod)
     except NotPlaceable as why:
@@ -262,12 +301,12 @@ def plan(work: Workload) -> WorkloadPlan:
         beyond = sorted(set(entries) - set(work.indexes))
         if beyond:
             warnings.append(Note("UnusedEntries", f"map entries {_listing(beyond)} are beyond the pod indexes of "
-                                 f"{work.replicas}: no pod uses them"))
+                                 f"{work.counted}: no pod uses them"))
         missing = [row.index for row in rows if any(p.reason == NO_ENTRY for p in row.problems)]
         if missing:
             warnings.append(Note("ReplicasWithoutEntry", f"pod indexes {_listing(missing)} have no map entry:"
                                  " those pods will stay Pending"))
-    return WorkloadPlan(work.kind, work.namespace, work.name, work.replicas, rows, tuple(warnings))
+    return WorkloadPlan(work, rows, tuple(warnings))
 
 
 # -- explain: one pod in the cluster ------------------------------------------------------------
@@ -320,8 +359,8 @@ def next_resync(pod: Mapping[str, Any], node: Mapping[str, Any] | None = None,
                 pods_on_node: Iterable[Mapping[str, Any]] = ()) -> NextResync:
     """What bind's next resync would do with `pod`, given its map entry's node as read now."""
     decision = bind_decision(pod)
-    if isinstance(decision, Ignore):
-        return NextResync("nothing", spec(pod).get("nodeName") or "", "Ignored", decision.why)
+    if isinstance(decision, Ignore):  # bind's own words quote schedulerName as Python would
+        return NextResync("nothing", spec(pod).get("nodeName") or "", "Ignored", not_ours(pod) or decision.why)
     if isinstance(decision, Unplaceable):
         return NextResync("wait", "", decision.reason, decision.message)
     assert isinstance(decision, Bind)

@@ -41,7 +41,8 @@ TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 qui
 # The package's token hook re-reads the kubeconfig on every call (0.5 ms, most of it scanning the
 # environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
 AUTH_REFRESH_SECONDS = 10.0
-WATCH_CONNECTIONS = 72  # bind's node watches (at most 64) and its pending-pod watch, with room
+WATCH_CONNECTIONS = 8  # bind's watches (pods, nodes, device records), with room
+LIST_PAGE = 500  # items per page of a listing: bounds what one response holds in memory
 
 # Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
 # bind's fake API (tests/test_placer.py) offers bind only the methods BIND grants.
@@ -49,10 +50,18 @@ CALLS = {
     "bind": ("", "pods/binding", "create"),
     "read_pod": ("", "pods", "get"),
     "list_pods": ("", "pods", "list"),
-    "list_pods_and_version": ("", "pods", "list"),
-    "watch_pods": ("", "pods", "watch"),
+    "list_all_pods": ("", "pods", "list"),
+    "watch_all_pods": ("", "pods", "watch"),
     "patch_pod_status": ("", "pods/status", "patch"),
     "read_node": ("", "nodes", "get"),
+    "list_nodes": ("", "nodes", "list"),
+    "watch_nodes": ("", "nodes", "watch"),
+    "read_lease": ("coordination.k8s.io", "leases", "get"),
+    "list_leases": ("coordination.k8s.io", "leases", "list"),
+    "watch_leases": ("coordination.k8s.io", "leases", "watch"),
+    "create_lease": ("coordination.k8s.io", "leases", "create"),
+    "update_lease": ("coordination.k8s.io", "leases", "update"),
+    "delete_lease": ("coordination.k8s.io", "leases", "delete"),
     "create_event": ("", "events", "create"),
     "read_event": ("", "events", "get"),
     "patch_event": ("", "events", "patch"),
@@ -157,23 +166,16 @@ class Kube:
     def list_pods(self, field_selector: str) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]
 
-    def list_pods_and_version(self, field_selector: str, limit: int = 0) -> tuple[list[dict], str]:
-        """The pods (the first `limit` of them, when given), and the resourceVersion of the
-        listing: where a watch of them starts."""
-        query = {"fieldSelector": field_selector, **({"limit": str(limit)} if limit else {})}
-        listing = self._call("GET", "/api/v1/pods", query=query)
-        return listing["items"], (listing.get("metadata") or {}).get("resourceVersion") or ""
-
-    def watch_pods(self, field_selector: str, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
-        """The changes to the pods after `resource_version`, as (type, object, its size in
-        bytes), for about
-        `seconds` (the API server then ends the watch; a watch from the watch cache). Bookmarks
-        included. An answer other than 200 raises ApiException; an ERROR event (410 Gone: the
-        version is too old) is yielded. Over the kubernetes package's pool: the stream holds its
-        connection for minutes, which the kept-alive transport keeps for short calls."""
-        query = urlencode({"watch": "1", "fieldSelector": field_selector, "resourceVersion": resource_version,
+    def watch(self, path: str, resource_version: str, seconds: int, **selectors: str) -> Iterator[tuple[str, dict, int]]:
+        """The changes to the objects at `path` after `resource_version`, as (type, object, its
+        size in bytes), for about `seconds` (the API server then ends the watch; a watch from the
+        watch cache). Bookmarks included. An answer other than 200 raises ApiException; an ERROR
+        event (410 Gone: the version is too old) is yielded. Over the kubernetes package's pool:
+        the stream holds its connection for minutes, which the kept-alive transport keeps for
+        short calls."""
+        query = urlencode({"watch": "1", **{k: v for k, v in selectors.items() if v}, "resourceVersion": resource_version,
                            "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)})
-        response = self.http.request("GET", f"{self.host}/api/v1/pods?{query}",
+        response = self.http.request("GET", f"{self.host}{path}?{query}",
                                      headers={"Accept": JSON, **self._auth_headers()}, preload_content=False,
                                      timeout=urllib3.Timeout(connect=TIMEOUT.connect_timeout, read=seconds + 30),
                                      retries=False)
@@ -195,6 +197,59 @@ class Kube:
                 del pending[:start]
         finally:
             response.release_conn()
+
+    def list_pages(self, path: str, **selectors: str) -> Iterator[tuple[list[dict], str]]:
+        """A listing of the objects at `path`, LIST_PAGE at a time, as (items, resourceVersion):
+        the version, where a watch of them starts, is the first page's (every page is of it)."""
+        query = {**{k: v for k, v in selectors.items() if v}, "limit": str(LIST_PAGE)}
+        version = ""
+        while True:
+            listing = self._call("GET", path, query=query)
+            meta = listing.get("metadata") or {}
+            version = version or meta.get("resourceVersion") or ""
+            yield listing.get("items") or [], version
+            if not meta.get("continue"):
+                return
+            query["continue"] = meta["continue"]
+
+    def list_all_pods(self) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/pods")
+
+    def watch_all_pods(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/pods", resource_version, seconds)
+
+    def list_nodes(self) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/nodes")
+
+    def watch_nodes(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/nodes", resource_version, seconds)
+
+    @staticmethod
+    def _leases(namespace: str) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+
+    def list_leases(self, namespace: str, label_selector: str) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(self._leases(namespace), labelSelector=label_selector)
+
+    def watch_leases(self, namespace: str, label_selector: str, resource_version: str,
+                     seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch(self._leases(namespace), resource_version, seconds, labelSelector=label_selector)
+
+    def read_lease(self, namespace: str, name: str) -> dict:
+        return self._call("GET", f"{self._leases(namespace)}/{quote(name)}")
+
+    def create_lease(self, namespace: str, lease: dict) -> dict:
+        return self._call("POST", self._leases(namespace), lease)
+
+    def update_lease(self, namespace: str, name: str, lease: dict) -> dict:
+        """A PUT: refused with 409 unless the body's resourceVersion is the stored one."""
+        return self._call("PUT", f"{self._leases(namespace)}/{quote(name)}", lease)
+
+    def delete_lease(self, namespace: str, name: str, resource_version: str) -> dict:
+        """Deleted only as it was read (409 if it changed since, 404 if gone)."""
+        return self._call("DELETE", f"{self._leases(namespace)}/{quote(name)}",
+                          {"kind": "DeleteOptions", "apiVersion": "v1",
+                           "preconditions": {"resourceVersion": resource_version}})
 
     def patch_pod_status(self, namespace: str, name: str, patch: dict) -> dict:
         return self._call("PATCH", self._pod(namespace, name) + "/status", patch, STRATEGIC_PATCH)

@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -13,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from localcp.cluster import free_port  # noqa: F401  (one issuer of ports for the whole run)
+from localcp.cluster import ControlPlane, free_port  # free_port: one issuer of ports for the whole run
+from tests.fixtures import SAMPLES
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLES = REPO.parent / "shared" / "sample-events"
 
 
 def sample(name: str) -> dict:
@@ -31,14 +32,17 @@ class FunctionServer:
     def __init__(self, name: str, env: dict[str, str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Its log goes to a file, not a pipe: a pipe nobody reads until stop() fills up and blocks
+        # every thread that logs (bind's queue workers log each attempt).
+        self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "functions_framework", "--target", name, "--source",
              str(REPO / "functions" / name / "main.py"), "--host", "127.0.0.1", "--port", str(self.port)],
-            env={**os.environ, "PYTHONPATH": str(REPO), **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            env={**os.environ, "PYTHONPATH": str(REPO), **env}, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.process.stdout.read().decode()}")
+                raise RuntimeError(f"{name} exited: {self.output()}")
             try:
                 urllib.request.urlopen(f"{self.url}/health/liveness", timeout=1)
                 return
@@ -66,10 +70,14 @@ class FunctionServer:
         except urllib.error.HTTPError as error:
             return error.code, error.read(), dict(error.headers)
 
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
     def stop(self) -> str:
         self.process.terminate()
-        out, _ = self.process.communicate(timeout=10)
-        return out.decode(errors="replace")
+        self.process.wait(timeout=10)
+        return self.output()
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +113,9 @@ def inprocess_apps(unreachable_kubeconfig):
         mutate = functions_framework.create_app("mutate", str(REPO / "functions" / "mutate" / "main.py"))
         bind = functions_framework.create_app("bind", str(REPO / "functions" / "bind" / "main.py"))
         bind_module = sys.modules["main"]  # the module functions-framework loaded last
+        # No watches or workers in this process: the API server never answers here, and their
+        # retries would only log until the interpreter exits (the served bind has them).
+        bind_module.placer._started = True
     finally:
         os.environ.pop("KUBECONFIG")
     return SimpleNamespace(mutate=mutate.test_client(), bind=bind.test_client(), bind_module=bind_module)
@@ -112,7 +123,7 @@ def inprocess_apps(unreachable_kubeconfig):
 
 @pytest.fixture(scope="session")
 def bind_server(unreachable_kubeconfig):
-    """bind with an API server that is down: pod events must come back 503, never 500."""
+    """bind with an API server that is down: pod events are kept for its queue, never a 5xx."""
     server = FunctionServer("bind", {"KUBECONFIG": str(unreachable_kubeconfig), "LOG_LEVEL": "DEBUG"})
     yield server
     server.stop()
@@ -172,3 +183,39 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if {"stack", "controlplane", "real_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.controlplane)
+
+
+# -- only tests marked `controlplane` start it -----------------------------------------------
+# `make unit` (-m "not controlplane") must pass from a clone without the binaries that
+# localcp/build.sh builds, so a test that starts the control plane (LocalStack, ControlPlane: both
+# go through ControlPlane.start) without the marker fails, whether or not the binaries are there.
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+def require_controlplane_marker(item: pytest.Item | None) -> None:
+    if item is not None and item.get_closest_marker("controlplane") is None:
+        pytest.fail(f"{item.nodeid} starts the local control plane but is not marked `controlplane`:"
+                    " add @pytest.mark.controlplane (or use the `stack` fixture), so that `make unit`"
+                    " leaves it out", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def controlplane_only_when_marked():
+    start = ControlPlane.start
+
+    def guarded_start(self: ControlPlane) -> ControlPlane:
+        require_controlplane_marker(_running[-1] if _running else None)
+        return start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ControlPlane, "start", guarded_start)
+        yield

@@ -154,32 +154,35 @@ def test_two_workloads_that_opt_in_share_a_gpu(stack, namespace, fit_node):
 
 
 def test_two_bind_instances_racing_for_one_gpu(stack, namespace, fit_node):
-    """Two workloads' pods want GPU 1; each instance gets one pod's event, the second as soon as
-    the first has answered. The second instance has never seen the first pod's event: it finds
-    the holder in the node's pods, as the API server lists them, and keeps its pod Pending."""
+    """Two workloads' pods want GPU 1. bind's own watch places one; the other waits, and a second
+    instance that gets its event (it has never seen the first pod's) refuses it too, naming the
+    holder: the device record in the API server says who has the GPU."""
     stack.source.paused = True
     try:
         for name, devices in (("first-0", "1"), ("second-0", "1,2")):  # two bare pods, two maps: two workloads
             stack.apply(pod_manifest(namespace, name, f"0={fit_node}:{devices}\n"))
         stack.wait_for(lambda: len(stack.pods(namespace)) == 2, 20, "2 pods created")
+        [winner] = stack.wait_for(lambda: [p["metadata"]["name"] for p in stack.pods(namespace)
+                                           if p["spec"].get("nodeName")], 20, "one pod bound")
+        loser = ({"first-0", "second-0"} - {winner}).pop()
+        second = FunctionServer("bind", {"KUBECONFIG": str(stack.bind_kubeconfig)})
+        try:
+            stack.wait_for(lambda: second.get("/health/readiness")[0] == 200, 30, "the second instance ready")
+            status, body = post_event(second.url, pod_named(stack, namespace, loser), stack.cp.server)
+        finally:
+            second.stop()
     finally:
         stack.source.paused = False
-    second = FunctionServer("bind", {"KUBECONFIG": str(stack.bind_kubeconfig)})
-    try:
-        status, body = post_event(stack.bind_url, pod_named(stack, namespace, "first-0"), stack.cp.server)
-        assert (status, body["result"]) == (200, "Bound")
-        status, body = post_event(second.url, pod_named(stack, namespace, "second-0"), stack.cp.server)
-        assert (status, body["result"]) == (200, "Unschedulable")
-        assert body["message"].startswith(f"GPU 1 on {fit_node} is held by {namespace}/first-0")
-    finally:
-        second.stop()
-    assert not pod_named(stack, namespace, "second-0")["spec"].get("nodeName")
+    assert (status, body["result"]) == (200, "Unschedulable"), body
+    assert body["message"].startswith(f"GPU 1 on {fit_node} is ") and f"{namespace}/{winner}" in body["message"]
+    time.sleep(1)
+    assert not pod_named(stack, namespace, loser)["spec"].get("nodeName")
 
 
 def test_a_forged_event_binds_a_pod_only_where_its_live_map_says(stack, namespace, fit_node):
     """Anyone who reaches bind can post an event: one carrying a real pending pod's name and UID
-    with another map. bind reads the pod and places it where the live pod's map says, or not at
-    all; and a pod already bound stays where it is."""
+    with another map. bind places the pod where the live pod's map says, or not at all; and a
+    pod already bound stays where it is."""
     stack.source.paused = True  # only the forged events reach bind
     try:
         stack.apply(pod_manifest(namespace, "victim-0", "0=no-such-node:0\n"))
@@ -189,11 +192,12 @@ def test_a_forged_event_binds_a_pod_only_where_its_live_map_says(stack, namespac
         status, body = post_event(stack.bind_url, forged, stack.cp.server)
         assert (status, body["result"]) == (200, "Unschedulable") and "no-such-node does not exist" in body["message"]
         assert not pod_named(stack, namespace, "victim-0")["spec"].get("nodeName")
-        # The forged map is the live one once the owner says so: then, and only then, it binds.
+        # The forged map is the live one once the owner says so: then, and only then, it binds
+        # (bind's watch sees the change and places it, with or without the event).
         stack.cp.kubectl("annotate", "pod", "-n", namespace, "victim-0", "--overwrite",
                          f"gpu-scheduling-map=0={fit_node}:0")
         status, body = post_event(stack.bind_url, forged, stack.cp.server)
-        assert (status, body["result"], body["node"]) == (200, "Bound", fit_node)
+        assert status == 200 and body["result"] in ("Bound", "AlreadyBound") and body["node"] == fit_node, body
         forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:0\n"
         status, body = post_event(stack.bind_url, forged, stack.cp.server)
         assert (status, body["result"], body["node"]) == (200, "AlreadyBound", fit_node)
@@ -307,37 +311,93 @@ def test_fit_agrees_with_kube_scheduler(stack, namespace, fit_node, seed):
     assert True in verdicts and False in verdicts, verdicts  # the cases ask both questions
 
 
-def bind_node_listings(stack) -> float:
-    """How many cluster-wide pod LISTs the API server has served: bind's listings of a node's
-    pods (fieldSelector=spec.nodeName=...) are the only ones while the event source is paused."""
-    total = 0.0
-    for line in stack.cp.kubectl("get", "--raw", "/metrics").stdout.splitlines():
-        if line.startswith("apiserver_request_total{") and 'resource="pods"' in line and 'scope="cluster"' in line \
-                and 'verb="LIST"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _verdict(stack, namespace: str, name: str) -> tuple[bool, str] | None:
+    """Bound (and where), or refused (and why, from its FailedScheduling Event); None: not yet."""
+    pod = pod_named(stack, namespace, name)
+    if pod["spec"].get("nodeName"):
+        return True, pod["spec"]["nodeName"]
+    failed = [e for e in events_for(stack, namespace, name, "FailedScheduling")
+              if e.involved_object.uid == pod["metadata"]["uid"]]
+    return (False, failed[0].message) if failed else None
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_bind_and_kube_scheduler_agree_on_pods_that_arrive_right_after_their_node_changed(stack, namespace, seed):
+    """Twin nodes with the same fillers; right before the candidates arrive (0.3 s), a filler is
+    deleted or the node's zone label flips, on both. kube-scheduler places one candidate on its
+    twin, bind the same pod on the other: both from their watches, both bind or both refuse."""
+    from test_records_cluster import Nodes
+
+    twins = Nodes(stack, f"tw{seed}-{namespace}"[:30].rstrip("-"), 2, {"zone": "a", "gen": "3"}, ALLOCATABLE)
+    rng = random.Random(100 + seed)
+    disagreements, verdicts = [], []
+    try:
+        for case in range(8):
+            existing, candidate = _case(rng, "twin")
+            for node in twins.names:
+                for i, body in enumerate(existing):
+                    body = json.loads(json.dumps(body))
+                    body["metadata"].update(name=f"{node[-1]}-on-{i}", namespace=namespace)
+                    body["spec"]["nodeName"] = node
+                    _create(stack, body)
+            time.sleep(0.5)  # both schedulers have seen the fillers
+            change = rng.choice(["filler deleted", "zone flipped", "nothing"])
+            if change == "filler deleted" and existing:
+                force_delete(stack, namespace, *[f"{node[-1]}-on-0" for node in twins.names])
+            elif change == "zone flipped":
+                zone = rng.choice(["a", "b"])
+                for node in twins.names:
+                    stack.cp.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {"zone": zone}}},
+                                     "application/strategic-merge-patch+json")
+            time.sleep(0.3)
+            pods = []
+            for node, scheduler in zip(twins.names, ("default-scheduler", "gpu-scheduler")):
+                body = json.loads(json.dumps(candidate))
+                body["metadata"] = {"name": f"cand{node[-1]}-0", "namespace": namespace}
+                body["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+                body["spec"]["schedulerName"] = scheduler
+                if scheduler == "gpu-scheduler":
+                    body["metadata"]["annotations"] = {"gpu-scheduling-map": f"0={node}:0\n"}
+                pods.append(body["metadata"]["name"])
+                _create(stack, body)
+            theirs, ours = (stack.wait_for(lambda n=n: _verdict(stack, namespace, n), 30, f"{n} decided", 0.1)
+                            for n in pods)
+            verdicts.append(theirs[0])
+            if theirs[0] != ours[0]:
+                disagreements.append((case, change, theirs, ours))
+            stack.cp.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force")
+            stack.wait_for(lambda: not stack.pods(namespace), 30, "pods gone", interval=0.2)
+    finally:
+        twins.remove()
+    assert not disagreements, disagreements
+    assert True in verdicts and False in verdicts, verdicts  # the cases ask both questions
+
+
+def bind_pod_listings(stack) -> float:
+    """How many times bind listed pods (its /metrics): once at start, and after a broken watch."""
+    import urllib.request
+    text = urllib.request.urlopen(f"{stack.bind_url}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('gpu_scheduler_bind_listings_total{view="pods"}'))
 
 
 def watched_reads(stack) -> float:
-    """Events whose pod bind took from its pending-pod watch (its /metrics)."""
+    """Events whose pod bind took from its pod watch (its /metrics)."""
     import urllib.request
     text = urllib.request.urlopen(f"{stack.bind_url}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith('gpu_scheduler_bind_pod_reads_total{source="watch"}'))
 
 
-def test_a_holder_bound_by_someone_else_is_seen_through_the_node_watch_without_a_listing(stack, namespace, fit_node):
-    """After its first listing of a node, bind watches the node's pods: a pod another workload
-    puts there a moment later (directly, with its device record) holds its GPU for the next
-    placement at once, and bind lists the node no more. The second pod's event is placed from
-    the pending-pod watch's copy, without a GET."""
+def test_a_holder_bound_by_someone_else_is_seen_through_the_watch_without_a_listing(stack, namespace, fit_node):
+    """bind watches every pod: a pod another workload puts on the node (directly, with its device
+    annotation) holds its GPU for the next placement at once, without a new listing. The next
+    pod's event is answered from the watch's copy, without a GET."""
     stack.source.paused = True  # only the events posted here reach bind
     try:
         stack.apply(pod_manifest(namespace, "first-0", f"0={fit_node}:0\n"))
-        stack.wait_for(lambda: stack.pods(namespace), 20, "the first pod created")
-        status, body = post_event(stack.bind_url, pod_named(stack, namespace, "first-0"), stack.cp.server)
-        assert (status, body["result"]) == (200, "Bound")  # bind listed the node and watches it now
-        listings = bind_node_listings(stack)
+        stack.wait_for(lambda: pod_named(stack, namespace, "first-0")["spec"].get("nodeName"), 20, "first-0 bound")
+        listings = bind_pod_listings(stack)
         holder = filler(namespace, fit_node, "holder-0")
         holder["metadata"]["annotations"] = {DEVICES_ANNOTATION: "1"}
         stack.apply(holder)
@@ -347,8 +407,8 @@ def test_a_holder_bound_by_someone_else_is_seen_through_the_node_watch_without_a
         reads = watched_reads(stack)
         status, body = post_event(stack.bind_url, pod_named(stack, namespace, "second-0"), stack.cp.server)
         assert (status, body["result"]) == (200, "Unschedulable"), body
-        assert watched_reads(stack) == reads + 1  # its pod, from the pending-pod watch: no GET
+        assert watched_reads(stack) == reads + 1  # its pod, from the watch: no GET
         assert body["message"].startswith(f"GPU 1 on {fit_node} is held by {namespace}/holder-0")
-        assert bind_node_listings(stack) == listings  # seen through the watch, not a new listing
+        assert bind_pod_listings(stack) == listings  # seen through the watch, not a new listing
     finally:
         stack.source.paused = False

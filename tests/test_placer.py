@@ -1,12 +1,12 @@
 """bind's error paths against a fake Kubernetes API. This is the only place the API is faked:
 each answer here (403, 500, 409 after a race, an expired Event) is hard to provoke on a real
-API server on demand; the real behaviour is shown in test_end_to_end, test_faults and
-test_scheduler_contract."""
+API server on demand; the real behaviour is shown in test_end_to_end, test_faults,
+test_records_cluster and test_scheduler_contract. The views are filled directly, as their watches
+would fill them (no threads)."""
 from __future__ import annotations
 
 import copy
 import json
-import queue
 import sys
 import time
 
@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from conftest import REPO, sample
 from gpu_scheduler import permissions
-from gpu_scheduler.binding import PENDING_SELECTOR
+from gpu_scheduler.records import GRACE_SECONDS, lease_for, record_name, workload_key
+from gpu_scheduler.fit import workload
 from kubeapi.client import CALLS
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
@@ -24,6 +25,7 @@ from placer import Placer  # noqa: E402
 POD = sample("apiserversource-add-gpu-scheduler-check-0.json")["body"]  # index 0 -> node1:0,1
 NODE = {"metadata": {"name": "node1"}, "spec": {},
         "status": {"capacity": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+MINE = workload_key(workload(POD))
 
 
 def api_error(status: int, message: str = "") -> ApiException:
@@ -49,38 +51,37 @@ class FakeApi:
         return answer
 
     def __getattr__(self, method):
-        if CALLS.get(method) not in permissions.BIND:  # only what the real client offers bind
+        if CALLS.get(method) not in permissions.BIND | permissions.BIND_RECORDS:  # only what bind may call
             raise AttributeError(method)
         return lambda *args, **kwargs: self._answer(method, *args, **kwargs)
-
-    def list_pods_and_version(self, field_selector, limit=0):
-        """As scripted for list_pods; the pending-pod watch's listing as scripted for
-        list_pending (by default refused: event pods are read with GETs)."""
-        if field_selector == PENDING_SELECTOR:
-            return self._answer("list_pending", field_selector, limit), "1"
-        return self._answer("list_pods", field_selector), "1"
-
-    def watch_pods(self, field_selector, version, seconds):  # the same, for watch_pending
-        return self._answer("watch_pending" if field_selector == PENDING_SELECTOR else "watch_pods",
-                            field_selector, version, seconds)
 
     def called(self, method):
         return [(args, kwargs) for m, args, kwargs in self.calls if m == method]
 
 
-def placer_with(**script) -> tuple[Placer, FakeApi]:
-    script.setdefault("read_node", [NODE])
+def synced_placer(api, pods=(), nodes=(NODE,), leases=()) -> Placer:
+    """A Placer over `api` with no watches and no workers: its views filled as their listings
+    would fill them."""
+    placer = Placer(api)
+    placer._started = True
+    placer.views._replace_nodes([list(nodes)])
+    placer.views._replace_pods([[copy.deepcopy(p) for p in pods]])
+    placer.views._replace_records([list(leases)])
+    for informer in placer.views.informers:
+        informer.synced.set()
+    return placer
+
+
+def placer_with(pods=(), nodes=(NODE,), leases=(), **script) -> tuple[Placer, FakeApi]:
     script.setdefault("bind", [{}])
+    script.setdefault("create_lease", [{}])
     script.setdefault("list_pods", [[]])
-    script.setdefault("watch_pods", [api_error(403)])  # no watch: node pods listed (ttl 1 s) instead
-    script.setdefault("list_pending", [api_error(403)])
-    script.setdefault("watch_pending", [api_error(403)])
     api = FakeApi(**script)
-    return Placer(api), api
+    return synced_placer(api, pods, nodes, leases), api
 
 
 def placed(placer: Placer, pod=POD) -> dict:
-    result = placer.place(copy.deepcopy(pod))
+    result = placer._place(copy.deepcopy(pod)).outcome
     placer.recorder.flush()
     return result
 
@@ -89,32 +90,120 @@ def event_reasons(api) -> list[tuple[str, str]]:
     return [(body["reason"], body["type"]) for (namespace, body), _ in api.called("create_event")]
 
 
-def test_a_bind_records_scheduled():
+def lease(holder: str, age: float = 0.0, device: str = "0", version: str = "5", **extra) -> dict:
+    body = lease_for("node1", device, (holder,), False, "team-a/train-0", "u-holder", time.time() - age)
+    body["metadata"]["resourceVersion"] = version
+    body["metadata"]["annotations"].update(extra)
+    return body
+
+
+def holder_pod(devices: str = "1", phase: str = "Running") -> dict:
+    return {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder",
+                         "ownerReferences": [{"kind": "StatefulSet", "name": "train", "controller": True}],
+                         "annotations": {"gpu-scheduler/devices": devices}},
+            "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": phase}}
+
+
+def test_a_bind_records_its_devices_then_binds():
     placer, api = placer_with()
     assert placed(placer) == {"result": "Bound", "pod": "default/gpu-scheduler-check-0", "node": "node1"}
+    created = [args[1] for args, _ in api.called("create_lease")]
+    assert [c["metadata"]["name"] for c in created] == ["node1.gpu-0", "node1.gpu-1"]
+    assert all(json.loads(c["metadata"]["annotations"]["gpu-scheduler/holders"]) == [MINE] for c in created)
+    assert [m for m, _, _ in api.calls if m in ("create_lease", "bind")] == ["create_lease", "create_lease", "bind"]
     ((namespace, name, body), _), = api.called("bind")
-    assert (namespace, name) == ("default", "gpu-scheduler-check-0")
     assert body["metadata"]["uid"] == POD["metadata"]["uid"] and body["target"]["name"] == "node1"
     assert event_reasons(api) == [("Scheduled", "Normal")]
 
 
-def test_forbidden_is_a_scheduler_error_not_retried():
-    placer, api = placer_with(bind=[api_error(403, "pods/binding is forbidden")])
+def test_a_sibling_of_the_holder_writes_nothing_while_the_record_is_fresh():
+    placer, api = placer_with(leases=[lease(MINE, device="0"), lease(MINE, device="1", version="6")])
+    assert placed(placer)["result"] == "Bound"
+    assert api.called("create_lease") == [] and api.called("update_lease") == []
+
+
+def test_an_old_record_of_the_same_workload_is_renewed_at_its_version():
+    placer, api = placer_with(leases=[lease(MINE, age=GRACE_SECONDS, device="0"), lease(MINE, device="1")],
+                              update_lease=[{}])
+    assert placed(placer)["result"] == "Bound"
+    ((namespace, name, body), _), = api.called("update_lease")
+    assert name == "node1.gpu-0" and body["metadata"]["resourceVersion"] == "5"
+
+
+def test_a_record_held_by_a_running_pod_of_another_workload_refuses():
+    placer, api = placer_with(pods=[holder_pod("0")], leases=[lease("StatefulSet team-a/train", age=3600)])
     result = placed(placer)
-    assert result["result"] == "APIError" and "retry" not in result
-    assert "forbidden" in result["message"]
-    assert event_reasons(api) == [("FailedScheduling", "Warning")]
+    assert result["result"] == "Unschedulable" and result["message"].startswith("GPU 0 on node1 is held by team-a/train-0")
+    assert api.called("bind") == [] and api.called("create_lease") == []
+
+
+def test_a_fresh_record_of_another_workload_refuses_even_before_its_pod_shows():
+    placer, api = placer_with(leases=[lease("StatefulSet team-a/train")])
+    result = placed(placer)
+    assert result["result"] == "Unschedulable" and "was given to team-a/train-0" in result["message"]
+
+
+def test_a_fresh_record_whose_pod_was_seen_deleted_is_taken_over():
+    placer, api = placer_with(pods=[holder_pod("0")], leases=[lease("StatefulSet team-a/train")], update_lease=[{}])
+    assert placed(placer)["result"] == "Unschedulable"
+    placer.views._apply_pod("DELETED", holder_pod("0"))
+    assert placed(placer)["result"] == "Bound"
+
+
+def test_a_fresh_record_whose_pod_a_newer_view_does_not_hold_is_taken_over():
+    """A pod deleted before this instance started: its view, past the record's version, lacks it."""
+    placer, api = placer_with(leases=[lease("StatefulSet team-a/train", version="5")], update_lease=[{}])
+    placer.views.informers[0].version = "4"  # not yet past the record: the pod may be on its way
+    assert placed(placer)["result"] == "Unschedulable"
+    placer.views.informers[0].version = "6"
+    assert placed(placer)["result"] == "Bound"
+
+
+def test_a_record_whose_pods_are_gone_is_taken_over_at_its_version():
+    placer, api = placer_with(leases=[lease("StatefulSet team-a/train", age=GRACE_SECONDS + 1)], update_lease=[{}])
+    assert placed(placer)["result"] == "Bound"
+    ((_, name, body), _), = api.called("update_lease")
+    assert name == "node1.gpu-0" and body["metadata"]["resourceVersion"] == "5"
+    assert json.loads(body["metadata"]["annotations"]["gpu-scheduler/holders"]) == [MINE]
+
+
+def test_another_instance_writing_first_is_read_and_refuses():
+    other = lease("StatefulSet team-a/train")
+    placer, api = placer_with(create_lease=[api_error(409, "already exists")], read_lease=[other])
+    result = placed(placer)
+    assert result["result"] == "Unschedulable" and "team-a/train-0" in result["message"]
+    assert api.called("bind") == []
+
+
+def test_another_instance_of_the_same_workload_writing_first_is_fine():
+    placer, api = placer_with(create_lease=[api_error(409, "already exists"), {}], read_lease=[lease(MINE)])
+    assert placed(placer)["result"] == "Bound"
+
+
+@pytest.mark.parametrize("error", [api_error(503), api_error(403, "forbidden: not yet ready to handle request"),
+                                   api_error(429)])
+def test_a_transient_failure_writing_the_record_is_retried_and_binds_nothing(error):
+    placer, api = placer_with(create_lease=[error])
+    attempt = placer._place(copy.deepcopy(POD))
+    assert attempt.retry and attempt.outcome["result"] == "Retry" and api.called("bind") == []
+
+
+def test_forbidden_is_a_scheduler_error_retried_after_backoff():
+    placer, api = placer_with(bind=[api_error(403, "pods/binding is forbidden")])
+    attempt = placer._place(copy.deepcopy(POD))
+    placer.recorder.flush()
+    assert attempt.outcome["result"] == "APIError" and attempt.retry and "forbidden" in attempt.outcome["message"]
     ((namespace, name, body), _), = api.called("patch_pod_status")
     condition = body["status"]["conditions"][0]
     assert (condition["reason"], condition["status"]) == ("SchedulerError", "False")
-    assert body["metadata"]["uid"] == POD["metadata"]["uid"]
 
 
 @pytest.mark.parametrize("status", [429, 500, 503, 504])
-def test_transient_api_errors_ask_for_redelivery(status):
+def test_transient_binding_errors_are_retried_by_the_queue_not_redelivered(status):
     placer, api = placer_with(bind=[api_error(status)])
-    result = placed(placer)
-    assert result["result"] == "Retry" and result["retry"] is True
+    attempt = placer._place(copy.deepcopy(POD))
+    assert attempt.retry and attempt.outcome["result"] == "Retry" and "retry" not in attempt.outcome
+    placer.recorder.flush()
     assert api.called("patch_pod_status") == []  # no verdict on the pod for a blip
 
 
@@ -135,18 +224,15 @@ def test_a_conflict_is_judged_by_the_pod_as_it_is_now(current, outcome):
     assert placed(placer)["result"] == outcome
 
 
-def test_a_missing_node_is_unschedulable_and_a_failing_node_read_is_retried():
-    placer, api = placer_with(read_node=[api_error(404)])
-    result = placed(placer)
-    assert result["result"] == "Unschedulable" and "node node1 does not exist" in result["message"]
-    assert api.called("bind") == []
-    placer, api = placer_with(read_node=[api_error(503)])
-    assert placed(placer)["retry"] is True
+def test_a_missing_node_is_unschedulable_until_a_node_is_added():
+    placer, api = placer_with(nodes=())
+    attempt = placer._place(copy.deepcopy(POD))
+    assert attempt.outcome["result"] == "Unschedulable" and "node node1 does not exist" in attempt.outcome["message"]
+    assert attempt.refused.filter == "NodeExists" and api.called("bind") == []
 
 
 def test_a_repeated_failure_counts_up_the_event_another_instance_created():
-    placer, api = placer_with(read_node=[api_error(404)], create_event=[api_error(409)],
-                              read_event=[{"count": 4}])
+    placer, api = placer_with(nodes=(), create_event=[api_error(409)], read_event=[{"count": 4}])
     placed(placer)
     ((namespace, name, patch), _), = api.called("patch_event")
     assert patch["count"] == 5
@@ -156,51 +242,66 @@ def test_a_repeated_failure_counts_up_the_event_another_instance_created():
 
 
 def test_an_expired_event_is_created_again():
-    placer, api = placer_with(read_node=[api_error(404)], create_event=[{}], patch_event=[api_error(404)])
+    placer, api = placer_with(nodes=(), create_event=[{}], patch_event=[api_error(404)])
     placed(placer)
     placed(placer)
     assert len(api.called("create_event")) == 2
 
 
 def test_the_condition_is_written_once_per_reason():
-    placer, api = placer_with(read_node=[api_error(404)])
+    placer, api = placer_with(nodes=())
     placed(placer)
     placed(placer)
     assert len(api.called("patch_pod_status")) == 1
 
 
-def test_resync_retries_when_the_listing_fails_and_places_what_it_lists():
-    placer, api = placer_with(list_pods=[api_error(500)])
-    assert placer.resync()["retry"] is True
-    placer, api = placer_with(list_pods=[[copy.deepcopy(POD)]])
-    answer = placer.resync()
-    assert answer["outcomes"] == {"Bound": 1} and answer["bound"] == ["default/gpu-scheduler-check-0"]
-    assert api.called("list_pods")[0][0] == ("spec.schedulerName=gpu-scheduler,spec.nodeName=",)
-
-
 def test_the_client_makes_exactly_the_calls_rbac_grants():
-    assert set(CALLS.values()) == permissions.BIND | permissions.PLUGIN
+    assert set(CALLS.values()) == permissions.BIND | permissions.BIND_RECORDS | permissions.PLUGIN
 
 
-# -- an event is a trigger: the pod is read as the API server has it ---------------------------------
+def test_a_pod_that_does_not_fit_is_unschedulable_and_not_bound():
+    placer, api = placer_with(pods=[holder_pod("1")])
+    attempt = placer._place(copy.deepcopy(POD))
+    assert attempt.outcome["result"] == "Unschedulable"
+    assert attempt.outcome["message"].startswith("GPU 1 on node1 is held by team-a/train-0")
+    assert attempt.refused.filter == "GPUsHeld" and api.called("bind") == []
+
+
+def test_a_holder_that_finished_frees_its_gpus():
+    placer, api = placer_with(pods=[holder_pod("1", phase="Succeeded")])
+    assert placed(placer)["result"] == "Bound"
+
+
+def test_a_pod_changed_since_its_version_was_read_is_placed_again_from_the_new_one():
+    newer = copy.deepcopy(POD)
+    newer["metadata"]["resourceVersion"] = "999"
+    newer["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:3"
+    placer, api = placer_with(bind=[api_error(409, "changed"), {}], read_pod=[copy.deepcopy(POD), newer])
+    assert placed(placer)["result"] == "Bound"
+    bodies = [args[2] for args, _ in api.called("bind")]
+    assert [b["metadata"]["annotations"]["gpu-scheduler/devices"] for b in bodies] == ["0,1", "3"]
+
+
+# -- an event is a trigger: the pod is the API server's ---------------------------------------------
 def event_placed(placer: Placer, event_pod=POD) -> dict:
     result = placer.place_event(copy.deepcopy(event_pod))
     placer.recorder.flush()
     return result
 
 
-def test_an_event_is_placed_from_the_live_pod_read_from_the_watch_cache():
+def test_an_event_for_a_watched_pod_is_placed_from_the_watch_as_the_api_server_has_it():
     live = copy.deepcopy(POD)
     live["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:2"
-    placer, api = placer_with(read_pod=[live])
-    assert event_placed(placer)["result"] == "Bound"
-    (args, kwargs), = api.called("read_pod")
-    assert args == ("default", "gpu-scheduler-check-0") and kwargs == {"cached": True}
+    placer, api = placer_with(pods=[live])
+    forged = copy.deepcopy(POD)
+    forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:3"
+    assert event_placed(placer, forged)["result"] == "Bound"
+    assert api.called("read_pod") == []
     ((_, _, body), _), = api.called("bind")
     assert body["metadata"]["annotations"] == {"gpu-scheduler/devices": "2"}  # the live map's entry
 
 
-def test_a_pod_not_yet_in_the_watch_cache_is_read_from_etcd():
+def test_an_event_for_a_pod_the_watch_has_not_shown_is_read_from_the_cache_then_etcd():
     placer, api = placer_with(read_pod=[api_error(404), copy.deepcopy(POD)])
     assert event_placed(placer)["result"] == "Bound"
     assert [kwargs for _, kwargs in api.called("read_pod")] == [{"cached": True}, {}]
@@ -214,8 +315,18 @@ def test_a_pod_not_yet_in_the_watch_cache_is_read_from_etcd():
 ])
 def test_what_the_live_read_says_decides(answers, outcome):
     placer, api = placer_with(read_pod=answers)
-    assert event_placed(placer)["result"] == outcome
+    answer = event_placed(placer)
+    assert answer["result"] == outcome and "retry" not in answer  # never a 503: redelivery cannot help
     assert api.called("bind") == []
+
+
+def test_an_event_whose_pod_cannot_be_read_is_kept_and_placed_when_the_api_answers():
+    placer, api = placer_with(read_pod=[api_error(503), copy.deepcopy(POD)])
+    answer = event_placed(placer)
+    assert answer["result"] == "Retry" and answer["queued"] is True
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
 
 
 def test_an_event_for_a_pod_not_ours_reads_nothing():
@@ -226,14 +337,58 @@ def test_an_event_for_a_pod_not_ours_reads_nothing():
     assert api.calls == []
 
 
-def test_a_pod_that_does_not_fit_is_unschedulable_and_not_bound():
-    holder = {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder",
-                           "annotations": {"gpu-scheduler/devices": "1"}},
-              "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
-    placer, api = placer_with(list_pods=[[holder]])
-    result = placed(placer)
-    assert result["result"] == "Unschedulable" and result["message"].startswith("GPU 1 on node1 is held by team-a/train-0")
-    assert api.called("bind") == [] and api.called("list_pods")[0][0] == ("spec.nodeName=node1",)
+def test_no_api_configuration_asks_for_redelivery():
+    placer = Placer(None, "no kubeconfig")
+    assert placer.place_event(copy.deepcopy(POD))["retry"] is True
+    assert placer.resync()["retry"] is True and not placer.ready()
+
+
+# -- the queue --------------------------------------------------------------------------------------
+def test_a_pending_pod_in_the_listing_is_queued_and_placed_without_an_event():
+    placer, api = placer_with(pods=[copy.deepcopy(POD)])
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
+
+
+def test_an_unschedulable_pod_is_tried_again_when_its_holder_leaves():
+    holder = holder_pod("1")
+    placer, api = placer_with(pods=[holder, copy.deepcopy(POD)])
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
+    assert placer.queue.pop(timeout=0.1) is None  # waits for an event, not a timer
+    placer.views._apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"x": "y"}}})
+    assert placer.queue.pop(timeout=0.1) is None  # a node change cannot free a GPU
+    placer.views._apply_pod("DELETED", holder)
+    assert placer.queue.pop(timeout=2) == uid  # after its backoff
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
+
+
+def test_a_pod_refused_by_its_selector_is_tried_again_when_the_node_gains_the_label():
+    pod = copy.deepcopy(POD)
+    pod["spec"]["nodeSelector"] = {"zone": "b"}
+    placer, api = placer_with(pods=[pod])
+    uid = pod["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
+    placer.views._apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"zone": "b"}}})
+    assert placer.queue.pop(timeout=2) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
+
+
+def test_a_status_update_of_a_pending_pod_does_not_requeue_it():
+    placer, api = placer_with(nodes=(), pods=[copy.deepcopy(POD)])
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    placer._attempt_claimed(uid)
+    updated = copy.deepcopy(POD)
+    updated["status"] = {"conditions": [{"type": "PodScheduled", "status": "False"}]}
+    placer.views._apply_pod("MODIFIED", updated)
+    assert placer.queue.pop(timeout=0.1) is None
+    updated["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node2:0"
+    placer.views._apply_pod("MODIFIED", updated)
+    assert placer.queue.pop(timeout=0.1) == uid
 
 
 def test_pings_that_come_while_a_resync_runs_coalesce_into_one_more():
@@ -247,179 +402,9 @@ def test_pings_that_come_while_a_resync_runs_coalesce_into_one_more():
     assert len(api.called("list_pods")) == 1
 
 
-def test_a_refusal_from_the_cached_listing_is_confirmed_with_a_fresh_one():
-    holder = {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder",
-                           "annotations": {"gpu-scheduler/devices": "1"}},
-              "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
-    placer, api = placer_with(list_pods=[[holder], []])  # the holder is deleted after the first listing
-    assert placed(placer)["result"] == "Unschedulable"
-    assert len(api.called("list_pods")) == 1  # that listing was fresh: nothing to confirm
-    assert placed(placer)["result"] == "Bound"  # the cached one refused; a fresh one showed it gone
-    assert len(api.called("list_pods")) == 2
-
-
-# -- a node's pods, kept current by a watch -------------------------------------------------------
-class ScriptedWatch:
-    """A watch stream that yields what the test puts in, until None."""
-
-    def __init__(self):
-        self.events: queue.Queue = queue.Queue()
-
-    def __iter__(self):
-        while (event := self.events.get()) is not None:
-            yield (*event, 100)
-
-
-def applied(placer: Placer, version: str, node: str = "node1") -> None:
-    """Wait until the node's watch has taken the event of `version`."""
-    deadline = time.monotonic() + 5
-    while placer.node_pods._watched.get(node) != version:
-        assert time.monotonic() < deadline, f"the watch of {node} never reached version {version}"
-        time.sleep(0.005)
-
-
-def holder_pod(version: str) -> dict:
-    return {"metadata": {"name": "train-0", "namespace": "team-a", "uid": "u-holder", "resourceVersion": version,
-                         "annotations": {"gpu-scheduler/devices": "1"}},
-            "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": "Running"}}
-
-
-def test_a_watched_node_shows_pods_bound_and_deleted_by_others_without_listing_again():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pods=[[]], watch_pods=[stream])
-    first = copy.deepcopy(POD)
-    first["metadata"]["uid"] = "u-first"  # an earlier replica of the same workload
-    assert placed(placer, first)["result"] == "Bound"  # lists node1 once, then watches it
-    ((selector, version, _), _), = api.called("watch_pods")
-    assert (selector, version) == ("spec.nodeName=node1", "1")
-    stream.events.put(("ADDED", holder_pod("5")))  # another workload's pod bound to node1: holds GPU 1
-    applied(placer, "5")
-    result = placed(placer)
-    assert result["result"] == "Unschedulable" and "GPU 1 on node1 is held by team-a/train-0" in result["message"]
-    stream.events.put(("DELETED", holder_pod("6")))
-    applied(placer, "6")
-    assert placed(placer)["result"] == "Bound"
-    assert len(api.called("list_pods")) == 1  # the refusal needed no fresh listing: the watch is current
-    stream.events.put(None)
-
-
-def test_a_pod_finishing_frees_its_gpus_and_bookmarks_move_the_version_only():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pods=[[holder_pod("3")]], watch_pods=[stream])
-    assert placed(placer)["result"] == "Unschedulable"
-    stream.events.put(("BOOKMARK", {"metadata": {"resourceVersion": "7"}}))
-    applied(placer, "7")
-    assert placed(placer)["result"] == "Unschedulable"
-    finished = holder_pod("8")
-    finished["status"]["phase"] = "Succeeded"
-    stream.events.put(("MODIFIED", finished))
-    applied(placer, "8")
-    assert placed(placer)["result"] == "Bound" and len(api.called("list_pods")) == 1
-    stream.events.put(None)
-
-
-def test_a_gone_watch_falls_back_to_listing_the_node():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pods=[[holder_pod("3")], []], watch_pods=[stream])
-    assert placed(placer)["result"] == "Unschedulable"
-    stream.events.put(("ERROR", {"kind": "Status", "code": 410, "message": "too old resource version"}))
-    deadline = time.monotonic() + 5
-    while "node1" in placer.node_pods._watched:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    assert placed(placer)["result"] == "Bound"  # the refusal from the kept view was confirmed by a listing
-    assert len(api.called("list_pods")) == 2
-
-
-def test_a_pod_changed_since_its_version_was_read_is_placed_again_from_the_new_one():
-    changed = copy.deepcopy(POD)
-    changed["metadata"]["resourceVersion"] = "999"
-    changed["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:3\n"
-    placer, api = placer_with(bind=[api_error(409, "the object has been modified"), {}], read_pod=[changed])
-    result = placed(placer)
-    assert result["result"] == "Bound"
-    (first, _), (second, _) = api.called("bind")
-    assert first[2]["metadata"]["resourceVersion"] == POD["metadata"]["resourceVersion"]
-    assert second[2]["metadata"]["resourceVersion"] == "999"
-    assert second[2]["metadata"]["annotations"]["gpu-scheduler/devices"] == "3"  # decided from the new map
-
-
-def test_a_pod_changing_again_is_left_to_redelivery():
-    placer, api = placer_with(bind=[api_error(409, "the object has been modified")], read_pod=[copy.deepcopy(POD)])
-    result = placed(placer)
-    assert result["result"] == "Retry" and result["retry"] is True and "changed" in result["message"]
-    assert len(api.called("bind")) == 2
-
-
-# -- an event's pod, read from the pending-pod watch -----------------------------------------------
-def pending_watched(placer: Placer, uid: str, version: str) -> None:
-    """Wait until the pending-pod watch holds `uid` at `version`."""
-    deadline = time.monotonic() + 5
-    while placer.pending.get(uid, version) is None:
-        assert time.monotonic() < deadline, f"the pending-pod watch never held {uid} at {version}"
-        time.sleep(0.005)
-
-
-def test_an_event_for_a_watched_version_is_placed_from_the_watch_as_the_api_server_has_it():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pending=[[]], watch_pending=[stream])
-    uid, version = POD["metadata"]["uid"], POD["metadata"]["resourceVersion"]
-    placer.pending.get(uid, version)  # the first lookup starts the watch, from a one-item listing
-    watched = copy.deepcopy(POD)
-    watched["metadata"]["managedFields"] = [{"manager": "kube-controller-manager", "fieldsV1": {}}]
-    stream.events.put(("ADDED", watched))
-    pending_watched(placer, uid, version)
-    ((_, limit), _), = api.called("list_pending")
-    assert limit == 1 and "managedFields" not in placer.pending.get(uid, version)["metadata"]
-    forged = copy.deepcopy(POD)  # the real pod's UID and version, another map
-    forged["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node9:0\n"
-    assert event_placed(placer, forged)["node"] == "node1"  # where the API server's copy says
-    assert api.called("read_pod") == []  # no GET
-    ((_, _, body), _), = api.called("bind")
-    assert body["metadata"]["resourceVersion"] == version and body["target"]["name"] == "node1"
-    stream.events.put(None)
-
-
-def test_an_event_for_another_version_than_the_watched_one_is_read_with_a_get():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pending=[[]], watch_pending=[stream], read_pod=[copy.deepcopy(POD)])
-    uid = POD["metadata"]["uid"]
-    placer.pending.get(uid, "")
-    stream.events.put(("ADDED", copy.deepcopy(POD)))
-    pending_watched(placer, uid, POD["metadata"]["resourceVersion"])
-    newer = copy.deepcopy(POD)
-    newer["metadata"]["resourceVersion"] = "317"
-    assert event_placed(placer, newer)["result"] == "Bound"
-    assert len(api.called("read_pod")) == 1
-    stream.events.put(("DELETED", copy.deepcopy(POD)))  # bound: it left the selector
-    deadline = time.monotonic() + 5
-    while uid in placer.pending._pods:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    assert placer.pending._bytes == 0
-    stream.events.put(None)
-
-
-def test_the_pending_pod_watch_keeps_at_most_its_byte_bound():
-    stream = ScriptedWatch()
-    placer, api = placer_with(list_pending=[[]], watch_pending=[stream])
-    placer.pending.MAX_BYTES = 250
-    placer.pending.get("x", "1")  # starts it
-    for i in range(5):
-        pod = copy.deepcopy(POD)
-        pod["metadata"].update(uid=f"u-{i}", resourceVersion=str(i + 1))
-        stream.events.put(("ADDED", pod))  # 100 bytes each, as the scripted watch says
-    deadline = time.monotonic() + 5
-    while "u-4" not in placer.pending._pods and len(placer.pending._pods) < 2 or not stream.events.empty():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    time.sleep(0.05)
-    assert sorted(placer.pending._pods) == ["u-0", "u-1"] and placer.pending._bytes == 200
-    stream.events.put(None)
-
-
-def test_a_pod_deleted_while_it_was_placed_again_is_gone():
-    placer, api = placer_with(bind=[api_error(409, "the object has been modified")],
-                              read_pod=[copy.deepcopy(POD), api_error(404)])
-    assert placed(placer)["result"] == "PodGone"
-    assert len(api.called("bind")) == 1
+def test_a_record_nobody_holds_is_swept_at_its_version():
+    placer, api = placer_with(leases=[lease("StatefulSet team-a/train", age=GRACE_SECONDS + 1),
+                                      lease("StatefulSet team-a/other", device="2")], delete_lease=[{}])
+    assert placer.sweep_records() == 1
+    ((namespace, name, version), _), = api.called("delete_lease")
+    assert (name, version) == (record_name("node1", "0"), "5")

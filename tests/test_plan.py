@@ -134,17 +134,19 @@ def test_objects_that_create_no_pods_of_ours_are_skipped(obj):
 
 @pytest.mark.parametrize("obj,message", [
     (statefulset(replicas=-1), "spec.replicas: expected a non-negative integer, found -1"),
-    (statefulset(replicas="3"), "spec.replicas: expected a non-negative integer, found '3'"),
-    (statefulset(replicas=True), "spec.replicas: expected a non-negative integer"),
+    (statefulset(replicas="3"), 'spec.replicas: expected a non-negative integer, found "3"'),
+    (statefulset(replicas=True), "spec.replicas: expected a non-negative integer, found true"),
+    (statefulset(replicas=[3]), "spec.replicas: expected a non-negative integer, found a list"),
     (statefulset(replicas=core.MAX_REPLICAS + 1), f"a plan lists at most {core.MAX_REPLICAS} pods"),
     (statefulset(start=-2), "spec.ordinals.start: expected a non-negative integer"),
     ({"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"replicas": 1}}, "spec.template: expected an object"),
     ({"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"template": {"spec": []}}}, "spec.template.spec: expected an object"),
     ({"kind": "StatefulSet", "metadata": {"name": "w"}}, "spec: expected an object, found nothing"),
     ({"kind": "StatefulSet", "metadata": {}, "spec": {}}, "metadata.name: a StatefulSet needs a name"),
-    ({"kind": "Pod", "metadata": "x"}, "metadata: expected an object, found str"),
-    (job(completions=None), "spec.completions: expected a non-negative integer, found None"),
-    (job(mode="Sideways"), "spec.completionMode: expected Indexed or NonIndexed, found 'Sideways'"),
+    ({"kind": "Pod", "metadata": "x"}, 'metadata: expected an object, found "x"'),
+    ({"kind": "Pod", "metadata": {"name": "p", "namespace": 7}}, "metadata.namespace: expected a string, found 7"),
+    (job(completions=None), "spec.completions: expected a non-negative integer, found nothing"),
+    (job(mode="Sideways"), 'spec.completionMode: expected Indexed or NonIndexed, found "Sideways"'),
 ])
 def test_malformed_workloads_name_the_field(obj, message):
     with pytest.raises(core.ManifestError, match=None) as raised:
@@ -174,6 +176,36 @@ def test_a_template_without_the_map_is_an_error_for_the_kinds_we_plan():
 def test_another_scheduler_is_not_placeable():
     [row, *_] = rows(statefulset(scheduler="default-scheduler"))
     assert row.problems[0].reason == core.NOT_OUR_SCHEDULER and row.node == "node1"
+    assert row.problems[0].message.startswith('spec.schedulerName is "default-scheduler", not gpu-scheduler:')
+
+
+def test_messages_say_values_as_yaml_does_never_as_python():
+    obj = statefulset()
+    del obj["spec"]["template"]["spec"]["schedulerName"]
+    [row, *_] = rows(obj)
+    assert row.problems[0].message.startswith("spec.schedulerName is not set (the default scheduler's), not"
+                                              " gpu-scheduler: another scheduler places this pod")
+    resync = core.next_resync(cluster_pod(scheduler=None))
+    assert (resync.action, resync.reason) == ("nothing", "Ignored")
+    assert resync.message.startswith("spec.schedulerName is not set")
+    assert [core.found(v) for v in (None, True, False, -1, 2.5, "3", "x" * 70, [1], {"a": 1})] == [
+        "nothing", "true", "false", "-1", "2.5", '"3"', '"' + "x" * 59 + "...", "a list", "an object"]
+
+
+@pytest.mark.parametrize("obj,data,counted", [
+    (statefulset(replicas=3, start=2), (3, 2, True), "replicas 3, ordinals.start 2"),
+    (statefulset(replicas=4), (4, 0, True), "replicas 4"),
+    (job(2), (2, None, True), "Indexed, completions 2"),
+    (job(mode="NonIndexed"), (None, None, False), "a NonIndexed Job's pods are named with generateName"),
+    ({"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template()}}, (None, None, False),
+     "a Deployment's pods are named with generateName"),
+    ({"kind": "Pod", "metadata": {"name": "p-0", "annotations": {ANNOTATION: SEED}}, "spec": {}}, (1, None, False),
+     "the pod itself"),
+])
+def test_a_workload_says_how_many_pods_as_data_and_for_people(obj, data, counted):
+    work = core.workload(obj)
+    assert (work.replicas, work.ordinals_start, work.indexed) == data
+    assert work.counted == counted == core.counted(work.kind, work.indexed, work.replicas, work.ordinals_start)
 
 
 def test_the_mode_annotation_is_shown():
@@ -188,7 +220,7 @@ def test_gpu_requests_are_warned_about_as_admission_does():
 def test_objects_in_a_list_and_empty_documents():
     assert core.objects_in(None) == []
     assert core.objects_in({"kind": "List", "items": [statefulset()]}) == [statefulset()]
-    with pytest.raises(core.ManifestError, match="expected a Kubernetes object, found list"):
+    with pytest.raises(core.ManifestError, match="expected a Kubernetes object, found a list"):
         core.objects_in([1])
     with pytest.raises(core.ManifestError, match=r"items\[0\]: expected an object"):
         core.objects_in({"kind": "List", "items": ["x"]})

@@ -33,6 +33,10 @@ logging.basicConfig(level=jsonlog.level(), handlers=[jsonlog.handler()], force=T
 log = logging.getLogger("bind")
 EVENTS = prom.Counter("gpu_scheduler_bind_events_total", "Events received", ["type", "status"])
 placer = Placer.from_environment()  # configuration read once, at start; the client is reused
+# gunicorn imports this in its master and forks the worker: the watches and the queue's workers
+# start in the worker right after the fork (threads do not survive a fork), so that bind finds
+# its own work before any request comes. Without a fork, the first request starts them.
+os.register_at_fork(after_in_child=placer.start)
 # Knative's sink authentication, where it is on (SINK_AUDIENCE, SINK_SENDERS): see authn.py.
 sink_auth = SinkAuthenticator.from_environment(placer.api)
 
@@ -60,7 +64,10 @@ def _handle(request: Request):
     if request.path == "/health/liveness":
         return "ok\n", 200
     if request.path == "/health/readiness":
-        return ("ok\n", 200) if placer.ready() else ("no Kubernetes API configuration\n", 503)
+        if placer.ready():
+            return "ok\n", 200
+        return ("no Kubernetes API configuration\n" if placer.api is None else
+                "listing pods, nodes and device records\n"), 503
     if request.path == "/metrics":
         return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":

@@ -1,4 +1,9 @@
-"""The Kubernetes side of bind: one API client, reused; calls out, outcomes back."""
+"""The Kubernetes side of bind: its views of the cluster (views.py), its scheduling queue
+(schedqueue.py) and the workers that drain it, and one attempt at placing one pod: the checks,
+the device records, the Binding. Calls out, outcomes back; the decisions are gpu_scheduler's.
+
+bind finds its own work: every pending pod of ours that its pod watch shows is queued and placed,
+whether or not an event came; an event or a ping makes it sooner and serves as a check."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +13,6 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import prometheus_client as prom
@@ -22,25 +26,28 @@ from gpu_scheduler.binding import (
 from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
-from gpu_scheduler.fit import PodInfo, bind_problem
-from kubeapi.client import Kube, load_configuration
+from gpu_scheduler.fit import GPUS_HELD, PodInfo, bind_refusal, shares_gpus, workload
+from gpu_scheduler.queueing import MAP, Refused
+from gpu_scheduler.records import (
+    GRACE_SECONDS, Create, Held, Keep, Record, is_free, lease_for, record_name, record_step, workload_key,
+)
+from kubeapi.client import IN_CLUSTER_NAMESPACE, Kube, load_configuration
+from metrics import ATTEMPT_DURATION, SCHEDULE_ATTEMPTS
 from recorder import Recorder
-from watches import NodePods, PendingPods
+from schedqueue import SchedulingQueue
+from views import Views
 
 log = logging.getLogger("bind")
 SUCCESS = (BOUND, ALREADY_BOUND)
 OUTCOMES = prom.Counter("gpu_scheduler_bind_outcomes_total", "Placement outcomes by result", ["result"])
 POD_READS = prom.Counter("gpu_scheduler_bind_pod_reads_total",
-                        "Where an event's pod was read: the pending-pod watch, or a GET", ["source"])
-LATENCY = prom.Histogram("gpu_scheduler_bind_seconds", "Time to place one pod, API calls included",
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-
-
+                        "Where an event's pod was read: the pod watch, or a GET", ["source"])
 CHANGED = "the pod changed since the version it was placed from"
-
-
-class Unreachable(Exception):
-    """The API server did not answer, or answered with a transient error."""
+EVENT_WAIT_SECONDS = 8  # an event for a pod being placed waits for that attempt's outcome
+RESYNC_WAIT_SECONDS = 20  # a ping waits this long for the outcomes of the pods it found
+# For the test of bind dying between its two writes (tests/test_records_cluster.py): exit at once
+# after writing a pod's device records, before its Binding. Never set outside that test.
+EXIT_AFTER_RECORD = os.environ.get("GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD") == "1"
 
 
 def _api_message(error: ApiException) -> str:
@@ -50,49 +57,43 @@ def _api_message(error: ApiException) -> str:
         return f"{error.status} {error.reason}"
 
 
-class NodeCache:
-    """Nodes read with `get`, kept `ttl` seconds: a burst of pods for one node costs one read."""
-
-    def __init__(self, api, ttl: float = 2.0):
-        self.api, self.ttl = api, ttl
-        self._nodes: dict[str, tuple[float, dict | None]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, name: str) -> dict | None:
-        with self._lock:
-            cached = self._nodes.get(name)
-        if cached and time.monotonic() - cached[0] < self.ttl:
-            return cached[1]
-        try:
-            node = self.api.read_node(name)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            node = None
-        with self._lock:
-            self._nodes[name] = (time.monotonic(), node)
-        return node
+def _failure(error: Exception) -> tuple[str, str]:
+    """(outcome, message) for a failed API call."""
+    if isinstance(error, ApiException):
+        message = _api_message(error)
+        return failure_outcome(error.status or 0, message), message
+    return RETRY, f"Kubernetes API unreachable: {error}"
 
 
-# After an outage bind resyncs by itself: the adapter drops an event after six deliveries in
-# 3.1 s, so the pods whose events came while the API server was down would otherwise wait for
-# the next PingSource tick, up to a minute.
-RECOVERY_FIRST_PROBE = 0.25
-RECOVERY_MAX_PROBE = 4.0
+def own_namespace() -> str:
+    """Where bind keeps its device records: its own namespace (in a cluster, its ServiceAccount's;
+    elsewhere GPU_SCHEDULER_NAMESPACE, by default gpu-scheduler)."""
+    try:
+        with open(IN_CLUSTER_NAMESPACE) as f:
+            return f.read().strip() or "gpu-scheduler"
+    except OSError:
+        return os.environ.get("GPU_SCHEDULER_NAMESPACE", "gpu-scheduler")
+
+
+@dataclasses.dataclass
+class Attempt:
+    """What one attempt came to, for the caller (outcome) and for the queue (refused, retry)."""
+
+    outcome: dict[str, Any]
+    refused: Refused | None = None
+    retry: bool = False
 
 
 class Placer:
-    def __init__(self, api: Kube | None, problem: str = "", workers: int = 8):
-        self.api = api
-        self.problem = problem
-        self.workers = workers
-        self._recovering = threading.Lock()  # held while a recovery thread runs: one at a time
+    def __init__(self, api: Kube | None, problem: str = "", workers: int = 8, namespace: str = "gpu-scheduler"):
+        self.api, self.problem, self.workers, self.namespace = api, problem, workers, namespace
+        self._started = False
+        self._start_lock = threading.Lock()
         self._resyncing = threading.Lock()  # one resync at a time; pings meanwhile coalesce
         self._resync_wanted = threading.Event()
         if api is not None:
-            self.nodes = NodeCache(api)
-            self.node_pods = NodePods(api)
-            self.pending = PendingPods(api)
+            self.queue = SchedulingQueue()
+            self.views = Views(api, namespace, self.queue)
             self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
 
     @classmethod
@@ -103,30 +104,93 @@ class Placer:
         except Exception as error:  # any unusable configuration: stay up, report not ready
             log.error("no Kubernetes API configuration", extra={"detail": str(error)})
             return cls(None, str(error))
-        return cls(Kube(configuration), workers=int(os.environ.get("RESYNC_CONCURRENCY", "8")))
+        return cls(Kube(configuration), workers=int(os.environ.get("RESYNC_CONCURRENCY", "8")),
+                   namespace=own_namespace())
+
+    def start(self) -> None:
+        """The watches, the workers and the record sweeper. On the first request of any kind (the
+        readiness probe's, in Knative), not at import: functions-framework forks after importing,
+        and threads made before the fork do not survive it."""
+        if self._started or self.api is None:
+            return
+        with self._start_lock:
+            if self._started:
+                return
+            self.views.start()
+            for n in range(self.workers):
+                threading.Thread(target=self._work, name=f"placer-{n}", daemon=True).start()
+            threading.Thread(target=self._sweep_forever, name="record-sweeper", daemon=True).start()
+            self._started = True
 
     def ready(self) -> bool:
-        return self.api is not None
+        """Ready when it can place: an API configuration, and its views listed once."""
+        if self.api is None:
+            return False
+        self.start()
+        return self.views.synced()
 
-    # -- one pod ---------------------------------------------------------------------------
+    # -- the work --------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            uid = self.queue.pop()
+            if uid is not None:
+                self._attempt_claimed(uid)
+
+    def _run(self, uid: str) -> dict[str, Any]:
+        """Place the pod now in this thread, or, when an attempt is running, wait for its outcome."""
+        mark = self.queue.mark()
+        if self.queue.claim(uid):
+            return self._attempt_claimed(uid)
+        outcome = self.queue.outcome_after(uid, mark, EVENT_WAIT_SECONDS)
+        return outcome or {"result": "InProgress", "why": "another attempt at this pod is running"}
+
+    def _attempt_claimed(self, uid: str) -> dict[str, Any]:
+        attempt = Attempt({"result": RETRY, "message": "internal error"}, retry=True)
+        try:
+            pod, name = self.views.pending_pod(uid)
+            if pod is None and name is None:
+                attempt = Attempt(self._ignored("no longer pending"))
+            elif pod is None:  # kept by name only (past the view's memory bound, or from an event)
+                attempt = self._read_and_place(PodRef(name[0], name[1], uid))
+            else:
+                attempt = self._place(pod)
+        except Exception:  # a bug: say so, and try again after the backoff
+            log.exception("unexpected error placing a pod", extra={"uid": uid})
+        finally:
+            self.queue.done(uid, attempt.outcome, attempt.refused, attempt.retry)
+        return attempt.outcome
+
+    def _read_and_place(self, ref: PodRef, again: bool = True) -> Attempt:
+        try:
+            pod = self.api.read_pod(ref.namespace, ref.name)
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            return self._unreadable(ref, error)
+        if (pod.get("metadata") or {}).get("uid") != ref.uid:
+            return Attempt(self._report(ref, REPLACED, "the pod was deleted; a pod of the same name has another UID"))
+        return self._place(pod, again)
+
+    # -- an event, a ping ----------------------------------------------------------------------
     def place_event(self, event_pod: Mapping[str, Any]) -> dict[str, Any]:
         """An add/update event is a trigger, not the truth: anyone who reaches bind can send one.
         A pod the event shows as not ours to place is ignored as it is (ignoring does nothing);
-        any other is placed as the API server has it: from the pending-pod watch when it holds
-        the pod at the event's version (watches.PendingPods), else read now (the watch cache;
-        etcd if the cache does not have it yet). Its map, UID, scheduler name and node are the
-        API server's, and the Binding's preconditions are that UID and version."""
+        any other is placed as the API server has it: from the pod watch when it holds the pod,
+        else read now. Its map, UID, scheduler name and node are the API server's, and the
+        Binding's preconditions are that UID and version."""
         decision = bind_decision(event_pod)
         if isinstance(decision, Ignore):
             return self._ignored(decision.why)
         ref = PodRef.of(event_pod)
         if self.api is None:
-            return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
-        watched = self.pending.get(ref.uid, str((event_pod.get("metadata") or {}).get("resourceVersion") or ""))
-        if watched is not None:
-            POD_READS.labels("watch").inc()
-            return self.place(watched)
-        POD_READS.labels("get").inc()
+            return {**self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}"), "retry": True}
+        self.start()
+        if self.views.synced():
+            node = self.views.assigned_node(ref.uid)
+            if node:
+                return self._report(ref, ALREADY_BOUND, "", node)
+            if self.views.pending_version(ref.uid) is not None:
+                POD_READS.labels("watch").inc()
+                return self._run(ref.uid)
+        POD_READS.labels("get").inc()  # the watch has not shown it yet
         try:
             try:
                 live = self.api.read_pod(ref.namespace, ref.name, cached=True)
@@ -135,74 +199,236 @@ class Placer:
                     raise
                 live = self.api.read_pod(ref.namespace, ref.name)  # created after the cache's view
         except (ApiException, urllib3.exceptions.HTTPError) as error:
-            return self._unreadable(ref, error)
+            attempt = self._unreadable(ref, error)
+            if attempt.retry:  # this instance keeps it: the queue retries, a redelivery would not help
+                self.views.remember(ref)
+                self.queue.add(ref.uid)
+                attempt.outcome["queued"] = True
+            return attempt.outcome
         if (live.get("metadata") or {}).get("uid") != ref.uid:
             return self._report(ref, REPLACED, "the event's pod was deleted; a pod of the same name has another UID")
         if (live.get("spec") or {}).get("nodeName"):  # a duplicate, or another instance was first
             return self._report(ref, ALREADY_BOUND, "", live["spec"]["nodeName"])
-        return self.place(live)
+        return self._run(self.views.observe_pending(live))
 
-    def place(self, pod: Mapping[str, Any], again: bool = True) -> dict[str, Any]:
-        """Place a pod as the API server has it (an event's pod goes through place_event). When
-        the pod changed between that version and the Binding (its precondition), it is read and
-        placed `again`, once."""
+    def resync(self, wait: bool = False) -> dict[str, Any]:
+        """A ping: list our pending pods (a check that the watch missed none), try each now, free the
+        records nobody holds, and answer with what became of them. One at a time: a ping that comes
+        while a resync runs asks for one more run after it and returns."""
+        if self.api is None:
+            return {"result": RETRY, "retry": True, "message": self.problem}
+        self.start()
+        self._resync_wanted.set()
+        if not self._resyncing.acquire(blocking=wait):
+            return {"result": "coalesced", "why": "a resync is running; one more follows it"}
+        try:
+            outcome: dict[str, Any] = {}
+            while self._resync_wanted.is_set():
+                self._resync_wanted.clear()
+                outcome = self._resync_once()
+            return outcome
+        finally:
+            self._resyncing.release()
+
+    def _resync_once(self) -> dict[str, Any]:
+        try:
+            pods = self.api.list_pods(PENDING_SELECTOR)
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            outcome, message = _failure(error)
+            # The watches list again by themselves once the API server answers: nothing to redeliver.
+            return {"result": outcome, "message": message}
+        mark = self.queue.mark()
+        uids = [self.views.observe_pending(pod) for pod in pods]
+        for uid in uids:
+            self.queue.add(uid)
+        deadline = time.monotonic() + RESYNC_WAIT_SECONDS
+        outcomes = [self.queue.outcome_after(uid, mark, max(0.0, deadline - time.monotonic())) or {"result": "InProgress"}
+                    for uid in uids]
+        self.sweep_records()
+        counts: dict[str, int] = {}
+        for outcome in outcomes:
+            counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1
+        bound = [outcome["pod"] for outcome in outcomes if outcome["result"] == BOUND]
+        log.info("resync", extra={"pending": len(pods), "outcomes": counts, "queue": self.queue.sizes()})
+        return {"result": "resynced", "pending": len(pods), "outcomes": counts, "bound": bound}
+
+    # -- one attempt -------------------------------------------------------------------------
+    def _place(self, pod: Mapping[str, Any], again: bool = True) -> Attempt:
+        """Place a pod as the API server has it: check it against its node as watched, record its
+        devices, bind it. When the pod changed between that version and the Binding (its
+        precondition), it is read and placed `again`, once."""
         decision = bind_decision(pod)
         if isinstance(decision, Ignore):
-            return self._ignored(decision.why)
+            return Attempt(self._ignored(decision.why))
         ref = PodRef.of(pod)
-        if self.api is None:
-            return self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}")
         if isinstance(decision, Unplaceable):
             self._unschedulable(ref, decision.message)
-            return self._report(ref, decision.reason, decision.message)
+            return Attempt(self._report(ref, decision.reason, decision.message), Refused(MAP, ""))
+        if not self.views.synced():  # never decide on a partial view; the queue tries again shortly
+            return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
         started = time.perf_counter()
-        assumed = dataclasses.replace(PodInfo.of(pod), devices=decision.devices)
-        try:
-            node = self.nodes.get(decision.node)
-            problem = (bind_problem(pod, None, decision.placement) if node is None else
-                       self.node_pods.reserve(decision.node,
-                                              lambda info: bind_problem(pod, node, decision.placement, info), assumed))
-        except ApiException as error:
-            outcome = failure_outcome(error.status or 0)
-            return self._failed(ref, decision, outcome, f"reading node {decision.node} or its pods: {_api_message(error)}")
-        except urllib3.exceptions.HTTPError as error:
-            return self._failed(ref, decision, RETRY, f"Kubernetes API unreachable: {error}")
-        if problem:
-            self._unschedulable(ref, problem)
-            return self._report(ref, UNSCHEDULABLE, problem, decision.node)
+        refusal, steps = self._check_and_assume(pod, decision)
+        if refusal is not None:
+            return self._refused(ref, decision, *refusal, started)
+        problem = self._write_records(pod, decision, steps)
+        if problem is not None:
+            self.views.forget(decision.node, decision.uid)
+            outcome, message, refused = problem
+            if refused is not None:
+                return self._refused(ref, decision, refused.filter, message, started)
+            return self._failed(ref, decision, outcome, message, started)
+        if EXIT_AFTER_RECORD:
+            os._exit(17)
         outcome, message = self._bind(decision)
-        LATENCY.observe(time.perf_counter() - started)
-        if outcome == BOUND:
-            self.node_pods.bound(decision.node, decision.uid)
-        else:
-            self.node_pods.forget(decision.node, decision.uid)
+        if outcome != BOUND:
+            self.views.forget(decision.node, decision.uid)
         if message == CHANGED and again:
-            return self._place_as_it_is_now(ref)
+            return self._read_and_place(ref, again=False)
+        if outcome in (RETRY, API_ERROR):
+            return self._failed(ref, decision, outcome, message, started)
         if outcome == BOUND:
             self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, decision.node), "Binding")
             for reason, warning in decision.warnings:
                 self.recorder.event(ref, WARNING, reason, warning, "Binding")
-        elif outcome in (RETRY, API_ERROR):
-            return self._failed(ref, decision, outcome, message)
-        return self._report(ref, outcome, message, decision.node, time.perf_counter() - started)
+            self._attempted("scheduled", started)
+        return Attempt(self._report(ref, outcome, message, decision.node, time.perf_counter() - started))
 
-    def _place_as_it_is_now(self, ref: PodRef) -> dict[str, Any]:
+    def _check_and_assume(self, pod: Mapping[str, Any], decision: Bind):
+        """The filters and the device records as watched, and, when they pass, the pod assumed on
+        its node: one step under the views' lock, so two attempts of this instance never count the
+        same free cpu or GPU twice. Returns ((filter, message), []) or (None, steps)."""
+        node = self.views.node(decision.node)
+        mine, shares = workload_key(workload(pod)), shares_gpus(pod)
+        now = time.time()
+        with self.views.lock:
+            info = self.views.node_info(decision.node)
+            refusal = bind_refusal(pod, node, decision.placement, info)
+            if refusal is not None:
+                return refusal, []
+            steps = []
+            for device in decision.devices:
+                record = self.views.record(decision.node, device)
+                step = record_step(record, mine, shares, info.pods, now, self.views.gone_of_locked(record))
+                if isinstance(step, Held):
+                    return (GPUS_HELD, step.message), []
+                steps.append((device, step))
+            self.views.assume(decision.node, dataclasses.replace(PodInfo.of(pod), devices=decision.devices))
+        return None, steps
+
+    def _write_records(self, pod: Mapping[str, Any], decision: Bind, steps: list):
+        """Record each device given, before the Binding: a create, or an update at the version
+        decided from. When another writer was first (409), read the record and decide again.
+        None when all are written; else (outcome, message, refused or None)."""
+        mine, shares = workload_key(workload(pod)), shares_gpus(pod)
+        who = f"{decision.namespace}/{decision.name}"
+        for device, step in steps:
+            for _ in range(3):
+                if isinstance(step, Keep):
+                    break
+                try:
+                    if isinstance(step, Create):
+                        lease = self.api.create_lease(self.namespace, lease_for(
+                            decision.node, device, (mine,), shares, who, decision.uid, time.time()))
+                    else:
+                        flag = shares if step.holders == (mine,) else step.record.shares
+                        lease = self.api.update_lease(self.namespace, step.record.name, lease_for(
+                            decision.node, device, step.holders, flag, who, decision.uid, time.time(), step.record))
+                    self.views.wrote(lease)
+                    break
+                except ApiException as error:
+                    if error.status != 409:
+                        outcome, message = _failure(error)
+                        return outcome, f"writing the record of GPU {device} on {decision.node}: {message}", None
+                except urllib3.exceptions.HTTPError as error:
+                    return RETRY, f"writing the record of GPU {device} on {decision.node}: unreachable: {error}", None
+                step = self._step_after_conflict(decision.node, device, mine, shares)
+                if isinstance(step, tuple):
+                    return step
+                if isinstance(step, Held):
+                    return UNSCHEDULABLE, step.message, Refused(GPUS_HELD, decision.node)
+            else:
+                return RETRY, f"the record of GPU {device} on {decision.node} changed three times while writing it", None
+        return None
+
+    def _step_after_conflict(self, node: str, device: str, mine: str, shares: bool):
+        """Another writer was first: the record as it is now, and the step it calls for."""
         try:
-            pod = self.api.read_pod(ref.namespace, ref.name)
-        except (ApiException, urllib3.exceptions.HTTPError) as error:
-            return self._unreadable(ref, error)
-        return self.place(pod, again=False)
+            lease = self.api.read_lease(self.namespace, record_name(node, device))
+            record = Record.of(lease)
+            self.views.wrote(lease)
+        except ApiException as error:
+            if error.status != 404:
+                outcome, message = _failure(error)
+                return outcome, f"reading the record of GPU {device} on {node}: {message}", None
+            record = None  # deleted meanwhile: create it again
+        except urllib3.exceptions.HTTPError as error:
+            return RETRY, f"reading the record of GPU {device} on {node}: unreachable: {error}", None
+        gone = self.views.gone_of(record)
+        with self.views.lock:
+            return record_step(record, mine, shares, self.views.node_info(node).pods, time.time(), gone)
 
-    def _unreadable(self, ref: PodRef, error: Exception) -> dict[str, Any]:
+    def sweep_records(self) -> int:
+        """Delete the records no pod holds any more, past their grace (each as read: a record
+        written since is left alone). Hygiene only: a free record counts for nothing anyway."""
+        deleted = 0
+        now = time.time()
+        for record in self.views.records():
+            gone = self.views.gone_of(record)
+            with self.views.lock:
+                free = is_free(record, self.views.node_info(record.node).pods, now, gone)
+            if not free:
+                continue
+            try:
+                self.api.delete_lease(self.namespace, record.name, record.resource_version)
+                deleted += 1
+            except (ApiException, urllib3.exceptions.HTTPError):
+                pass  # written since, gone already, or the API is down: the next sweep looks again
+        return deleted
+
+    def _sweep_forever(self) -> None:
+        while True:
+            time.sleep(GRACE_SECONDS)
+            try:
+                if self.views.synced():
+                    self.sweep_records()
+            except Exception:
+                log.exception("sweeping device records failed")
+
+    # -- the Binding -------------------------------------------------------------------------
+    def _bind(self, bind: Bind) -> tuple[str, str]:
+        try:
+            self.api.bind(bind.namespace, bind.name, binding_for(bind))
+            return BOUND, ""
+        except ApiException as error:
+            if error.status == 409:
+                return self._after_conflict(bind)
+            return _failure(error)
+        except urllib3.exceptions.HTTPError as error:
+            return _failure(error)
+
+    def _after_conflict(self, bind: Bind) -> tuple[str, str]:
+        try:
+            pod = self.api.read_pod(bind.namespace, bind.name)
+        except ApiException as error:
+            if error.status != 404:
+                return _failure(error)
+            pod = None
+        except urllib3.exceptions.HTTPError as error:
+            return _failure(error)
+        outcome = conflict_outcome(bind, pod)
+        if outcome == RETRY:  # still pending, but not the version decided from
+            return RETRY, CHANGED
+        return outcome, ""
+
+    # -- outcomes ----------------------------------------------------------------------------
+    def _unreadable(self, ref: PodRef, error: Exception) -> Attempt:
         """The outcome when the pod could not be read: gone (404), or as the API failed."""
-        if isinstance(error, ApiException):
-            if error.status == 404:
-                return self._report(ref, GONE, "the pod does not exist")
-            return self._report(ref, failure_outcome(error.status or 0), f"reading the pod: {_api_message(error)}")
-        return self._report(ref, RETRY, f"Kubernetes API unreachable: {error}")
+        if isinstance(error, ApiException) and error.status == 404:
+            return Attempt(self._report(ref, GONE, "the pod does not exist"))
+        outcome, message = _failure(error)
+        return Attempt(self._report(ref, outcome, f"reading the pod: {message}"), retry=True)
 
-    @staticmethod
-    def _ignored(why: str) -> dict[str, Any]:
+    def _ignored(self, why: str) -> dict[str, Any]:
         OUTCOMES.labels("Ignored").inc()
         log.debug("ignored", extra={"decision": "Ignored", "why": why})
         return {"result": "ignored", "why": why}
@@ -211,11 +437,24 @@ class Placer:
         self.recorder.event(ref, WARNING, FAILED_SCHEDULING, message)
         self.recorder.unschedulable(ref, UNSCHEDULABLE, message)
 
-    def _failed(self, ref: PodRef, bind: Bind, outcome: str, message: str) -> dict[str, Any]:
+    def _refused(self, ref: PodRef, decision: Bind, filter_name: str, message: str, started: float) -> Attempt:
+        self._unschedulable(ref, message)
+        self._attempted("unschedulable", started)
+        return Attempt(self._report(ref, UNSCHEDULABLE, message, decision.node), Refused(filter_name, decision.node))
+
+    def _failed(self, ref: PodRef, bind: Bind, outcome: str, message: str, started: float) -> Attempt:
+        """The API failed: retried after a backoff, transient or not (a 403 from a missing grant
+        is fixed by an operator, and then the next try binds)."""
         self.recorder.event(ref, WARNING, FAILED_SCHEDULING, f"binding to {bind.node}: {message}")
         if outcome == API_ERROR:  # the API answered, and will answer the same: say so on the pod
             self.recorder.unschedulable(ref, SCHEDULER_ERROR, message)
-        return self._report(ref, outcome, message, bind.node)
+        self._attempted("error", started)
+        return Attempt(self._report(ref, outcome, message, bind.node), retry=True)
+
+    @staticmethod
+    def _attempted(result: str, started: float) -> None:
+        SCHEDULE_ATTEMPTS.labels(result).inc()
+        ATTEMPT_DURATION.labels(result).observe(time.perf_counter() - started)
 
     def _report(self, ref: PodRef, outcome: str, message: str, node: str = "", elapsed: float | None = None):
         OUTCOMES.labels(outcome).inc()
@@ -228,99 +467,4 @@ class Placer:
             result["node"] = node
         if message:
             result["message"] = message
-        if outcome == RETRY:
-            result["retry"] = True
-            self._recover_after_outage()
         return result
-
-    def _bind(self, bind: Bind) -> tuple[str, str]:
-        try:
-            self.api.bind(bind.namespace, bind.name, binding_for(bind))
-            return BOUND, ""
-        except ApiException as error:
-            if error.status == 409:
-                return self._after_conflict(bind)
-            return failure_outcome(error.status or 0), _api_message(error)
-        except urllib3.exceptions.HTTPError as error:
-            return RETRY, f"Kubernetes API unreachable: {error}"
-
-    def _after_conflict(self, bind: Bind) -> tuple[str, str]:
-        try:
-            pod = self.api.read_pod(bind.namespace, bind.name)
-        except ApiException as error:
-            if error.status != 404:
-                return failure_outcome(error.status or 0), _api_message(error)
-            pod = None
-        except urllib3.exceptions.HTTPError as error:
-            return RETRY, f"Kubernetes API unreachable: {error}"
-        outcome = conflict_outcome(bind, pod)
-        if outcome == RETRY:  # still pending, but not the version decided from
-            return RETRY, CHANGED
-        return outcome, ""
-
-    # -- all pending pods ------------------------------------------------------------------
-    def resync(self, wait: bool = False) -> dict[str, Any]:
-        """Place every pending pod of ours: what the event source missed or could not deliver,
-        and pods whose node became usable since. One at a time: a ping that comes while a resync
-        runs (a burst of pings, forged or not) asks for one more run after it and returns.
-        `wait`: run once more for certain, after the running one (recovery needs the outcome)."""
-        if self.api is None:
-            return {"result": RETRY, "retry": True, "message": self.problem}
-        self._resync_wanted.set()
-        if not self._resyncing.acquire(blocking=wait):
-            return {"result": "coalesced", "why": "a resync is running; one more follows it"}
-        try:
-            outcome: dict[str, Any] = {}
-            if wait:
-                self._resync_wanted.set()
-            while self._resync_wanted.is_set():
-                self._resync_wanted.clear()
-                outcome = self._resync_once()
-            return outcome
-        finally:
-            self._resyncing.release()
-
-    def _resync_once(self) -> dict[str, Any]:
-        self.node_pods.invalidate()
-        try:
-            pods = self.api.list_pods(PENDING_SELECTOR)
-        except ApiException as error:
-            outcome = failure_outcome(error.status or 0)
-            if outcome == RETRY:
-                self._recover_after_outage()
-            return {"result": outcome, "retry": outcome == RETRY, "message": _api_message(error)}
-        except urllib3.exceptions.HTTPError as error:
-            self._recover_after_outage()
-            return {"result": RETRY, "retry": True, "message": f"Kubernetes API unreachable: {error}"}
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            outcomes = list(pool.map(self.place, pods))
-        counts: dict[str, int] = {}
-        for outcome in outcomes:
-            counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1
-        bound = [outcome["pod"] for outcome in outcomes if outcome["result"] == BOUND]
-        log.info("resync", extra={"pending": len(pods), "outcomes": counts})
-        return {"result": "resynced", "pending": len(pods), "outcomes": counts, "bound": bound}
-
-    # -- after an outage -------------------------------------------------------------------
-    def _recover_after_outage(self) -> None:
-        """bind saw the API server fail: once it answers again, resync without waiting for a ping.
-        Started on demand (functions-framework forks after import: threads made then would die)."""
-        if self.api is None or not self._recovering.acquire(blocking=False):
-            return
-        threading.Thread(target=self._recover, name="recover-after-outage", daemon=True).start()
-
-    def _recover(self) -> None:
-        try:
-            delay = RECOVERY_FIRST_PROBE
-            while True:
-                time.sleep(delay)
-                outcome = self.resync(wait=True)  # its own failures start no other recovery: the lock is held
-                if not outcome.get("retry") and not outcome.get("outcomes", {}).get(RETRY):
-                    log.info("recovered", extra={"decision": "Recovered", "pending": outcome.get("pending"),
-                                                 "outcomes": outcome.get("outcomes")})
-                    return
-                delay = min(delay * 2, RECOVERY_MAX_PROBE)
-        except Exception:  # a bug: say so and stop; the next failure or ping starts afresh
-            log.exception("recovery after an outage failed")
-        finally:
-            self._recovering.release()

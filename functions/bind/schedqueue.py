@@ -1,0 +1,176 @@
+"""bind's scheduling queue, as kube-scheduler's: pods to try now (active), pods waiting out a
+backoff after a transient failure, and unschedulable pods waiting for a cluster event that can
+undo their refusal (gpu_scheduler.queueing decides which). One attempt per pod at a time in this
+instance: the event path and the workers both claim a pod before placing it, and a caller that
+finds it claimed waits for that attempt's outcome. The I/O side of bind; the decisions are in
+gpu_scheduler/queueing.py."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from gpu_scheduler.queueing import UNSCHEDULABLE_FLUSH_SECONDS, Refused, backoff_seconds, requeues
+from metrics import PENDING_PODS
+
+MAX_OUTCOMES = 4096  # the last outcome per pod, for callers waiting on an attempt
+
+
+class SchedulingQueue:
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._active: deque[str] = deque()
+        self._in_active: set[str] = set()
+        self._backoff: list[tuple[float, int, str]] = []  # (ready at, sequence, uid)
+        self._backoff_at: dict[str, float] = {}
+        self._unschedulable: dict[str, tuple[Refused, float]] = {}  # uid -> (why, since)
+        self._attempts: dict[str, int] = {}
+        self._in_flight: set[str] = set()
+        self._again: set[str] = set()  # changed while in flight: try once more after
+        self._outcomes: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
+        self._done_count = itertools.count()
+        self._seq = itertools.count()
+
+    # -- what the views and the event path call ------------------------------------------------
+    def add(self, uid: str) -> None:
+        """The pod is new, changed, or found again (a listing): try it now."""
+        with self._cond:
+            if uid in self._in_flight:
+                self._again.add(uid)
+                return
+            self._unschedulable.pop(uid, None)
+            self._backoff_at.pop(uid, None)
+            self._activate(uid)
+
+    def forget(self, uid: str) -> None:
+        """Bound, deleted, or not ours: nothing more to do."""
+        with self._cond:
+            self._unschedulable.pop(uid, None)
+            self._backoff_at.pop(uid, None)
+            self._again.discard(uid)
+            self._attempts.pop(uid, None)
+            if uid in self._in_active:
+                self._in_active.discard(uid)  # left in the deque, skipped when popped
+            self._gauges()
+
+    def cluster_event(self, event: tuple[str, str], node: str) -> None:
+        """A cluster event on `node`: the unschedulable pods whose refusal it may undo move on,
+        to the active queue or, while their backoff lasts, to the backoff queue."""
+        with self._cond:
+            moved = [uid for uid, (refused, _) in self._unschedulable.items() if requeues(refused, event, node)]
+            for uid in moved:
+                del self._unschedulable[uid]
+                self._after_backoff(uid)
+
+    def claim(self, uid: str) -> bool:
+        """Take the pod for one attempt in this thread; False when an attempt is running."""
+        with self._cond:
+            if uid in self._in_flight:
+                return False
+            self._in_flight.add(uid)
+            self._in_active.discard(uid)
+            self._unschedulable.pop(uid, None)
+            self._backoff_at.pop(uid, None)
+            self._attempts[uid] = self._attempts.get(uid, 0) + 1
+            self._gauges()
+            return True
+
+    def done(self, uid: str, outcome: dict[str, Any], refused: Refused | None = None, retry: bool = False) -> None:
+        """The attempt ended: `refused` waits for an event, `retry` for its backoff, else forgotten."""
+        with self._cond:
+            self._in_flight.discard(uid)
+            self._outcomes[uid] = (next(self._done_count), outcome)
+            self._outcomes.move_to_end(uid)
+            while len(self._outcomes) > MAX_OUTCOMES:
+                self._outcomes.popitem(last=False)
+            if uid in self._again:
+                self._again.discard(uid)
+                self._activate(uid)
+            elif refused is not None:
+                self._unschedulable[uid] = (refused, time.monotonic())
+            elif retry:
+                self._after_backoff(uid)
+            else:
+                self._attempts.pop(uid, None)
+            self._gauges()
+            self._cond.notify_all()
+
+    def outcome_after(self, uid: str, mark: int | None, timeout: float) -> dict[str, Any] | None:
+        """The outcome of the attempt of `uid` that ends after `mark` (mark(): before it began)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                entry = self._outcomes.get(uid)
+                if entry is not None and (mark is None or entry[0] >= mark):
+                    return entry[1]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def mark(self) -> int:
+        """A point in time for outcome_after: outcomes recorded from now on."""
+        with self._cond:
+            return next(self._done_count) + 1
+
+    # -- what the workers call -----------------------------------------------------------------
+    def pop(self, timeout: float = 1.0) -> str | None:
+        """The next pod to try, claimed; None after `timeout` with nothing due."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._backoff and self._backoff[0][0] <= now:
+                    _, _, uid = heapq.heappop(self._backoff)
+                    if self._backoff_at.get(uid) is not None and self._backoff_at[uid] <= now:
+                        del self._backoff_at[uid]
+                        self._activate(uid)
+                self._flush_unschedulable(now)
+                while self._active:
+                    uid = self._active.popleft()
+                    if uid in self._in_active:
+                        self._in_active.discard(uid)
+                        self._in_flight.add(uid)
+                        self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                        self._gauges()
+                        return uid
+                wait = deadline - now
+                if self._backoff:
+                    wait = min(wait, self._backoff[0][0] - now)
+                if wait <= 0 and now >= deadline:
+                    return None
+                self._cond.wait(max(0.01, min(wait, 1.0)))
+
+    # -- inside the lock ----------------------------------------------------------------------
+    def _activate(self, uid: str) -> None:
+        if uid not in self._in_active:
+            self._in_active.add(uid)
+            self._active.append(uid)
+        self._gauges()
+        self._cond.notify()
+
+    def _after_backoff(self, uid: str) -> None:
+        ready = time.monotonic() + backoff_seconds(self._attempts.get(uid, 1))
+        self._backoff_at[uid] = ready
+        heapq.heappush(self._backoff, (ready, next(self._seq), uid))
+        self._gauges()
+        self._cond.notify()
+
+    def _flush_unschedulable(self, now: float) -> None:
+        stale = [uid for uid, (_, since) in self._unschedulable.items() if now - since >= UNSCHEDULABLE_FLUSH_SECONDS]
+        for uid in stale:
+            del self._unschedulable[uid]
+            self._activate(uid)
+
+    def _gauges(self) -> None:
+        PENDING_PODS.labels("active").set(len(self._in_active))
+        PENDING_PODS.labels("backoff").set(len(self._backoff_at))
+        PENDING_PODS.labels("unschedulable").set(len(self._unschedulable))
+
+    def sizes(self) -> dict[str, int]:
+        with self._cond:
+            return {"active": len(self._in_active), "backoff": len(self._backoff_at),
+                    "unschedulable": len(self._unschedulable), "in_flight": len(self._in_flight)}
