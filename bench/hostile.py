@@ -35,8 +35,8 @@ from gpu_scheduler import schedmap
 from gpu_scheduler.admission import admission_response
 from gpu_scheduler.schedmap import MAX_DEVICES_PER_ENTRY, MAX_ENTRIES, MAX_MAP_BYTES
 from localcp.cluster import REPO, free_port
+from tests.fixtures import SAMPLES
 
-SAMPLES = REPO.parent / "shared" / "sample-events"
 MIB = 1024 * 1024
 WEBHOOK_TIMEOUT_S = yaml.safe_load((REPO / "knative" / "webhook.yaml").read_text())["webhooks"][0]["timeoutSeconds"]
 

@@ -15,16 +15,18 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import hostile
+from bench import hostile, scale
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import REPO, ensure_built, free_port
 from localcp.eventsource import Sender, cloudevent_headers
 from localcp.stack import LocalStack
+from tests.fixtures import SAMPLES
 
 RESULTS = REPO / "bench"
 
@@ -76,15 +78,29 @@ def release(stack: LocalStack, namespace: str) -> None:
     stack.api.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
 
 
+@contextmanager
+def paused(stack: LocalStack, name: str = "bind"):
+    """The stack's own bind stopped (SIGSTOP, functions-framework's master and worker) and then
+    continued: bind watches every pending pod of ours, so pods created while it runs are placed as
+    they are created; a run that measures something else keeps it still meanwhile."""
+    group = stack.cp.processes[name].pid
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
 # -- 1. bind throughput ------------------------------------------------------------------------
 def events_to(stack: LocalStack, url: str, pods: list[dict], concurrency: int) -> float:
-    """Pods per second placed by the bind at `url`, one add event per pending pod."""
+    """Pods per second placed by the bind at `url`, one add event per pending pod (a bind that
+    watches its pending pods also places them by itself: an event may find its pod bound)."""
     sender = Sender(url, delays=())
 
     def via_bind(p):
         answer = sender.http.request("POST", url, body=json.dumps(p).encode(),
                                      headers=cloudevent_headers("add", p, stack.cp.server))
-        assert json.loads(answer.data)["result"] == "Bound", answer.data
+        assert json.loads(answer.data)["result"] in ("Bound", "AlreadyBound"), answer.data
     return len(pods) / parallel(via_bind, pods, concurrency)
 
 
@@ -95,10 +111,10 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
     for concurrency in (1, 8):
         through_bind, direct = [], []
         for _ in range(reps):  # interleaved, so drift in the machine hits both alike
-            pods = pending_pods(stack, n, map_text)
+            with paused(stack):  # a backlog: the pods exist before bind hears of them
+                pods = pending_pods(stack, n, map_text)
             through_bind.append(events_to(stack, stack.bind_url, pods, concurrency))
             release(stack, pods[0]["metadata"]["namespace"])
-            pods = pending_pods(stack, n, map_text)
 
             def via_client(p):
                 m = p["metadata"]
@@ -106,7 +122,9 @@ def bind_throughput(stack: LocalStack, n: int, reps: int) -> dict:
                     "apiVersion": "v1", "kind": "Binding", "metadata": {"name": m["name"], "uid": m["uid"]},
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "node1"}},
                     _preload_content=False).release_conn()
-            direct.append(n / parallel(via_client, pods, concurrency))
+            with paused(stack):  # only the raw loop binds these
+                pods = pending_pods(stack, n, map_text)
+                direct.append(n / parallel(via_client, pods, concurrency))
             release(stack, pods[0]["metadata"]["namespace"])
         figures[concurrency] = {"bind_pods_per_s": statistics.median(through_bind),
                                 "direct_pods_per_s": statistics.median(direct),
@@ -123,14 +141,15 @@ BEFORE_FIT = "ad7e5e8"
 
 def start_bind_at(stack: LocalStack, revision: str, into: Path) -> str | None:
     """bind as it was at `revision` (its functions/, gpu_scheduler/ and kubeapi/, from git),
-    started beside the stack's own with the same account; its URL, or None when this clone
+    started beside the stack's own; its URL, or None when this clone
     does not hold the revision (a shallow clone)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi"],
                              capture_output=True)
     if archive.returncode != 0:
         return None
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return stack.start_bind(f"bind-{revision}", free_port(), into)
+    # As admin: the RBAC this tree ships is the current bind's (an older one read nodes with GET).
+    return stack.start_bind(f"bind-{revision}", free_port(), into, stack.cp.kubeconfig)
 
 
 def fit_cost(stack: LocalStack, n: int, reps: int) -> dict:
@@ -147,8 +166,14 @@ def fit_cost(stack: LocalStack, n: int, reps: int) -> dict:
             for rep in range(reps):
                 order = [("now", stack.bind_url), ("before", before_url)]
                 for which, url in (order if rep % 2 == 0 else order[::-1]):
-                    pods = pending_pods(stack, n, map_text)
-                    runs[which].append(events_to(stack, url, pods, concurrency))
+                    if which == "now":
+                        with paused(stack):  # a backlog, as for the bind before
+                            pods = pending_pods(stack, n, map_text)
+                        runs[which].append(events_to(stack, url, pods, concurrency))
+                    else:
+                        with paused(stack):  # the bind before places them alone
+                            pods = pending_pods(stack, n, map_text)
+                            runs[which].append(events_to(stack, url, pods, concurrency))
                     release(stack, pods[0]["metadata"]["namespace"])
             now, before = statistics.median(runs["now"]), statistics.median(runs["before"])
             figures[str(concurrency)] = {"now_pods_per_s": now, "before_pods_per_s": before,
@@ -258,8 +283,7 @@ def handler_alone(entries: int, iterations: int, fresh_map: bool = False) -> dic
     """The mutate decision for one request, JSON decoding and encoding included. Replicas of
     one StatefulSet share their map, which is parsed once; `fresh_map` makes every request
     carry a map not seen before (a comment line differs), to show the parse itself."""
-    review = json.loads((REPO.parent / "shared" / "sample-events" /
-                         "admissionreview-v1-create-gpu-scheduler-check-3.json").read_text())
+    review = json.loads((SAMPLES / "admissionreview-v1-create-gpu-scheduler-check-3.json").read_text())
     times = []
     for i in range(iterations):
         review["request"]["object"]["metadata"]["annotations"]["gpu-scheduling-map"] = (
@@ -459,6 +483,10 @@ def table(results: dict) -> str:
             rows.append(f"{label:<62} {m['total_mb']:>12.0f}, {m['each_max_mb']:.0f}")
     if "hostile" in results:
         rows += hostile.rows(results["hostile"])
+    if "scale" in results:
+        rows.append("")
+        rows.append("bind finding its own work: backlog drain, scale, API writes (bench/scale.py):")
+        rows += scale.rows(results["scale"])
     return "\n".join(rows)
 
 
@@ -467,6 +495,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="small N, one repetition: checks that it works")
     parser.add_argument("--no-real-nodes", action="store_true",
                         help="skip the figures on four real nodes (kubelets on fixed loopback addresses)")
+    parser.add_argument("--scale", action="store_true",
+                        help="the scale figures at 1000 nodes and 20000 pods (else 100 and 2000; smoke: 20 and 400)")
     args = parser.parse_args()
     n, reps, replicas, iterations = (40, 1, 40, 300) if args.smoke else (500, 3, 1000, 3000)
     ensure_built()
@@ -496,6 +526,7 @@ def main() -> int:
         # them), past the nodes' pod capacity, where kube-scheduler would place nothing more.
         results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
+    results["scale"] = scale.run(args.smoke, args.scale)
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)
         results["real_nodes"] = real_nodes(1 if args.smoke else 3)

@@ -1,0 +1,495 @@
+"""bind finding its own work, and at scale: the backlog-drain, scale and API-writes section of
+`make bench` (bench/README.md, "Backlog, scale and API writes"). Works with any bind tree: every
+bind here is started with LocalStack.start_bind (the tree's own, or an older revision's from git),
+and is given a ping as well, so a bind that waits for PingSource's tick and one that watches the
+API server are both measured from the same trigger.
+
+- drain: pending pods of ours exist before bind starts; bind starts (and is pinged) and places
+  them all; against the raw pods/binding loop at 8 threads on the same kind of pods, in turn.
+- scale: Node objects without kubelets (kept Ready by renewing their Leases, as kubelets do), many
+  pods bound at creation, a few pending; bind's and kube-scheduler's peak RSS and CPU seconds per
+  placement, measured on the same objects in turn.
+- writes: the API server's own request counters (apiserver_request_total) before and after bind
+  places N pods: writes per placed pod by resource, for this tree's bind and for bind at
+  BEFORE_REWRITE.
+
+Figures are printed next to their goals, never asserted. `python -m bench.scale [--smoke] [--scale]
+[--only drain,writes,scale]` runs only this section.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kubernetes import config
+from kubernetes.client import Configuration
+
+from bench.proc import peak_rss_mb
+from bench import profile, run as bench_run  # modules, not names: bench.run imports this one
+from gpu_scheduler.fit import DEVICES_ANNOTATION
+from kubeapi.client import MERGE_PATCH, Kube
+from localcp.cluster import free_port
+from localcp.eventsource import Sender, ping_headers
+from localcp.stack import BIND_ACCOUNT, LocalStack
+
+BEFORE_REWRITE = "3efd3e2"  # main before bind's watch-fed queue and GPU Leases
+CREATORS = 16  # threads creating objects in bulk
+NODE_LEASES = "kube-node-lease"
+LEASE_RENEW_SECONDS = 15  # kubelets renew every 10 s; the node-lifecycle controller waits 40-50 s
+WAIT_SECONDS = 300
+
+# (nodes, pods bound at creation, pods placed per run, runs per scheduler)
+SCALE_SIZES = {"smoke": (20, 400, 10, 1), "default": (100, 2000, 100, 2), "scale": (1000, 20000, 200, 2)}
+
+
+def admin_api(stack: LocalStack) -> Kube:
+    """kubeapi's client as the stack's admin: kept-alive connections, little CPU per call here
+    (its _call makes any request; the bench needs more than bind's handful of calls)."""
+    configuration = Configuration()
+    config.load_kube_config(config_file=str(stack.cp.kubeconfig), client_configuration=configuration)
+    api = Kube(configuration)
+    # bind's timeouts are for failing fast; a bench on a loaded machine should wait instead
+    api.transport.connect_timeout, api.transport.read_timeout = 30, 120
+    return api
+
+
+def create_all(api: Kube, namespace: str, bodies: list[dict]) -> tuple[list[dict], float]:
+    """Create the pods from CREATORS threads; the pods as created, and the wall time."""
+    created: list[dict] = []
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    seconds = bench_run.parallel(lambda body: created.append(api._call("POST", path, body)), bodies, CREATORS)
+    return created, seconds
+
+
+def ping(url: str) -> None:
+    """What a PingSource tick sends: a bind that waits for it resyncs; one that watches ignores it."""
+    Sender(url, delays=()).http.request("POST", url, body=b"{}", headers=ping_headers())
+
+
+def wait_all_bound(watch: bench_run.BoundWatch, n: int, url: str | None = None) -> float:
+    """When the n-th pod was seen bound (perf_counter). A bind at `url` is pinged every 3 s
+    meanwhile: a resync lists the pods pending at its start only."""
+    deadline = time.perf_counter() + WAIT_SECONDS
+    pinged = time.perf_counter()
+    while len(watch.bound) < n:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{len(watch.bound)} of {n} pods bound after {WAIT_SECONDS} s")
+        if url and time.perf_counter() - pinged > 3:
+            ping(url)
+            pinged = time.perf_counter()
+        time.sleep(0.01)
+    return max(watch.bound.values())
+
+
+class Binds:
+    """Starts and stops binds beside the stack, one at a time, from this tree or a revision."""
+
+    def __init__(self, stack: LocalStack, api: Kube, into: Path):
+        self.stack, self.api, self.into, self.extracted = stack, api, into, set()
+        self._count = 0
+        self.leases = self._leases()
+
+    def start(self, revision: str | None = None) -> tuple[str, str] | None:
+        """(process name, URL) of a ready bind; None when this clone lacks the revision."""
+        self._count += 1
+        name = f"bind-{revision or 'tree'}-{self._count}"
+        if revision is None:
+            return name, self.stack.start_bind(name, free_port())
+        tree = self.into / revision
+        if revision not in self.extracted:
+            tree.mkdir(parents=True, exist_ok=True)
+            url = bench_run.start_bind_at(self.stack, revision, tree)
+            if url is None:
+                return None
+            self.extracted.add(revision)
+            self.stack.cp.processes[name] = self.stack.cp.processes.pop(f"bind-{revision}")
+            return name, url
+        return name, self.stack.start_bind(name, free_port(), tree, self.stack.cp.kubeconfig)
+
+    def _leases(self) -> int:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{BIND_ACCOUNT[0]}/leases"
+        return len(self.api._call("GET", path)["items"])
+
+    def stop(self, name: str, pods_deleted: bool = True) -> None:
+        """Stop it; first, when its pods were deleted, let it release what it recorded for them (a
+        bind that records GPUs as Leases in its namespace): until there are no more Leases there
+        than before any bind ran, or their number stays the same for 2 s (records kept for reuse),
+        so that the next bind does not start from stale records."""
+        seen, since = self._leases(), time.monotonic()
+        while pods_deleted and seen > self.leases and time.monotonic() - since < 2:
+            time.sleep(0.2)
+            now = self._leases()
+            if now != seen:
+                seen, since = now, time.monotonic()
+        process = self.stack.cp.processes.pop(name)
+        os.killpg(process.pid, signal.SIGTERM)  # functions-framework's master and its worker
+        process.wait(10)
+
+
+_namespaces = iter(range(10**6))
+
+
+def namespace(stack: LocalStack, what: str) -> str:
+    return stack.create_namespace(f"scale-{what}-{next(_namespaces)}")
+
+
+# -- backlog drain ---------------------------------------------------------------------------------
+def drain(stack: LocalStack, binds: Binds, api: Kube, n: int, reps: int) -> dict:
+    """n pending pods of ours (a seed-style map over node1..node4) exist; then either bind starts
+    and is pinged, or the raw loop POSTs each pod's Binding from 8 threads. Both timed to the last
+    pod seen bound on a watch; the two alternate, their order swapped every repetition."""
+    map_text = bench_run.map_for(n)
+    runs: dict[str, list[dict]] = {"bind": [], "raw": []}
+    for rep in range(reps):
+        for which in (("bind", "raw") if rep % 2 == 0 else ("raw", "bind")):
+            ns = namespace(stack, "drain")
+            pods, _ = create_all(api, ns, [bench_run.pod(ns, i, map_text) for i in range(n)])
+            watch = bench_run.BoundWatch(stack, ns)
+            try:
+                started = time.perf_counter()
+                if which == "raw":
+                    profile.direct_load(stack, pods, 8)
+                    runs["raw"].append({"seconds": wait_all_bound(watch, n) - started})
+                else:
+                    name, url = binds.start()
+                    ready = time.perf_counter()
+                    ping(url)
+                    last = wait_all_bound(watch, n, url)
+                    first = min(watch.bound.values())
+                    runs["bind"].append({"seconds": last - min(ready, first), "start_to_ready_s": ready - started,
+                                         "start_to_all_bound_s": last - started, "bound_before_ready": sum(
+                                             t < ready for t in watch.bound.values())})
+            finally:
+                watch.stop()
+            bench_run.release(stack, ns)
+            if which == "bind":
+                binds.stop(name)
+    bind_s = statistics.median(r["seconds"] for r in runs["bind"])
+    raw_s = statistics.median(r["seconds"] for r in runs["raw"])
+    return {"pods": n, "bind_s": bind_s, "raw_s": raw_s, "ratio": raw_s / bind_s,
+            "bind_start_to_all_bound_s": statistics.median(r["start_to_all_bound_s"] for r in runs["bind"]),
+            "runs": runs}
+
+
+# -- API writes per placed pod -------------------------------------------------------------------
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+# The bench's own writes in a window: its pods created, and deleted with bench.run.release (the
+# API server counts a collection's deletion as DELETE); the stack's node heartbeat is left out too.
+OURS = {("POST", "pods", ""), ("DELETE", "pods", ""), ("DELETE", "statefulsets", "")}
+
+
+def write_counts(stack: LocalStack) -> collections.Counter:
+    """apiserver_request_total's writes, by (verb, resource, subresource), as served so far."""
+    counts: collections.Counter = collections.Counter()
+    for line in stack.cp.get("/metrics").decode().splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(LABEL.findall(line[:line.rindex("}")]))
+            if labels.get("verb") in WRITE_VERBS:
+                key = (labels["verb"], labels.get("resource", ""), labels.get("subresource", ""))
+                counts[key] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def settled_writes(stack: LocalStack, seconds: float = 2.0) -> collections.Counter:
+    """The counts once no write of bind's came for `seconds` (Events are written after
+    the Binding, in the background)."""
+    counts = write_counts(stack)
+    deadline = time.perf_counter() + 30
+    while time.perf_counter() < deadline:
+        time.sleep(seconds)
+        again = write_counts(stack)
+        if all(_renewal(write) for write in _binds_writes(again - counts)):
+            return again  # nothing but renewals of Leases (a leader election's, over time) since
+        counts = again
+    return counts
+
+
+def _binds_writes(delta: collections.Counter) -> dict[str, float]:
+    """The writes not the bench's own, as {"VERB/resource[/subresource]": count}."""
+    return {"/".join(part for part in key if part): count for key, count in sorted(delta.items())
+            if key not in OURS and key[1] != "nodes" and count}
+
+
+def _renewal(write: str) -> bool:
+    verb, resource = write.split("/")[:2]
+    return resource == "leases" and verb not in ("POST", "DELETE")
+
+
+def writes(stack: LocalStack, binds: Binds, api: Kube, n: int, reps: int) -> dict:
+    """Writes per pod while bind places n pending pods (created once bind runs, then a ping), and
+    after they are deleted; this tree's bind and bind at BEFORE_REWRITE in turn."""
+    figures: dict = {}
+    for rep in range(reps):
+        for revision in ((None, BEFORE_REWRITE) if rep % 2 == 0 else (BEFORE_REWRITE, None)):
+            label = revision or "tree"
+            started = binds.start(revision)
+            if started is None:
+                figures[label] = {"skipped": f"revision {revision} is not in this clone"}
+                continue
+            name, url = started
+            ns = namespace(stack, "writes")
+            watch = bench_run.BoundWatch(stack, ns)
+            before = settled_writes(stack)  # nothing else writing meanwhile (say, the stack starting)
+            try:
+                map_text = bench_run.map_for(n)
+                create_all(api, ns, [bench_run.pod(ns, i, map_text) for i in range(n)])
+                ping(url)
+                wait_all_bound(watch, n, url)
+            finally:
+                watch.stop()
+            placed = settled_writes(stack)
+            bench_run.release(stack, ns)
+            gone = settled_writes(stack)
+            binds.stop(name)
+            figure = figures.setdefault(label, {"pods": 0, "placing": collections.Counter(),
+                                                "after_delete": collections.Counter()})
+            figure["pods"] += n
+            figure["placing"].update(_binds_writes(placed - before))
+            figure["after_delete"].update(_binds_writes(gone - placed))
+    for figure in figures.values():
+        if "pods" in figure:
+            for key in ("placing", "after_delete"):
+                figure[key] = {k: v / figure["pods"] for k, v in sorted(figure[key].items())}
+            figure["per_pod"] = sum(figure["placing"].values())
+            figure["per_pod_after_delete"] = sum(figure["after_delete"].values())
+    return figures
+
+
+# -- scale ---------------------------------------------------------------------------------------
+def micro_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class NodeLeases:
+    """Keeps Node objects without kubelets Ready by renewing their Leases in kube-node-lease, as
+    a kubelet does: the node-lifecycle controller counts a renewed Lease as the node's heartbeat,
+    and no Node object changes (so no scheduler's node watch sees a heartbeat)."""
+
+    def __init__(self, api: Kube, nodes: list[str]):
+        self.api, self.nodes = api, nodes
+        self._stop = threading.Event()
+        self.round_s: list[float] = []
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASES}/leases"
+        bench_run.parallel(lambda node: api._call("POST", path, {
+            "metadata": {"name": node}, "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                                                 "renewTime": micro_now()}}), nodes, CREATORS)
+        self._thread = threading.Thread(target=self._renew, name="node-leases", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        """A round every LEASE_RENEW_SECONDS from the start of the last: under load a round takes
+        seconds (round_s says how many), and a node goes NotReady 40 s after its last renewal."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASES}/leases/"
+        while not self._stop.wait(max(0.0, LEASE_RENEW_SECONDS - (self.round_s[-1] if self.round_s else 0))):
+            try:
+                self.round_s.append(bench_run.parallel(lambda node: self.api._call(
+                    "PATCH", path + node, {"spec": {"renewTime": micro_now()}}, MERGE_PATCH), self.nodes, CREATORS))
+            except Exception as error:  # the next round tries again
+                print(f"bench: node lease renewal failed: {error}", flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def node_names(count: int) -> list[str]:
+    return [f"scale-{i:04d}" for i in range(count)]
+
+
+def add_nodes(stack: LocalStack, api: Kube, names: list[str]) -> NodeLeases:
+    """The nodes (8 GPUs each), their Leases, and Ready without the not-ready taint."""
+    bench_run.parallel(lambda name: stack.cp.add_node(name, gpus="8"), names, CREATORS)
+    leases = NodeLeases(api, names)
+    wanted = set(names)
+
+    stack.wait_for(lambda: not tainted(api, wanted), WAIT_SECONDS, f"{len(names)} nodes Ready and untainted", interval=1)
+    return leases
+
+
+def tainted(api: Kube, names: set[str]) -> int:
+    """How many of the nodes carry a taint (not-ready, unreachable: the node-lifecycle controller's)."""
+    nodes = api._call("GET", "/api/v1/nodes")["items"]
+    return sum(1 for n in nodes if n["metadata"]["name"] in names and n["spec"].get("taints"))
+
+
+RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+GPU = {"requests": {"cpu": "100m", "memory": "128Mi", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+
+
+def container(resources: dict) -> list[dict]:
+    return [{"name": "c", "image": "busybox", "resources": resources}]
+
+
+def bulk_pod(i: int, nodes: list[str]) -> dict:
+    """Bound at creation (spec.nodeName), nothing schedules it: pod i on node i % len(nodes). The
+    first four on each node hold a GPU each (0-3, with bind's device record), so fit and GPU
+    accounting have something to count on every node."""
+    node, holder = nodes[i % len(nodes)], i // len(nodes)
+    body = {"metadata": {"name": f"b-{i}"}, "spec": {"nodeName": node, "containers": container(RESOURCES)}}
+    if holder < 4:
+        body["metadata"]["annotations"] = {DEVICES_ANNOTATION: str(holder)}
+        body["spec"]["containers"] = container(GPU)
+    return body
+
+
+def placed_pods(scheduler: str, slots: range, nodes: list[str]) -> list[dict]:
+    """One pod per slot, each pinned to its node: for bind by its map (a device from 4-7, free),
+    for kube-scheduler by nodeSelector; both ask for one GPU. Slots are never reused, so no two
+    runs' pods (other workloads) want the same GPU."""
+    where = [(nodes[s % len(nodes)], 4 + s // len(nodes) % 4) for s in slots]
+    if scheduler == "bind":
+        text = "".join(f"{i}={node}:{device}\n" for i, (node, device) in enumerate(where))
+        return [{"metadata": {"name": f"p-{i}", "annotations": {"gpu-scheduling-map": text}},
+                 "spec": {"schedulerName": "gpu-scheduler", "containers": container(GPU)}} for i in range(len(where))]
+    return [{"metadata": {"name": f"k-{i}"}, "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                                                       "containers": container(GPU)}} for i, (node, _) in enumerate(where)]
+
+
+def quiet(cpu, seconds: float = 30) -> None:
+    """Wait until the processes `cpu()` measures used under 50 ms in a second (at most `seconds`)."""
+    deadline, last = time.perf_counter() + seconds, cpu()
+    while time.perf_counter() < deadline:
+        time.sleep(1)
+        now = cpu()
+        if all(now[who] - last[who] < 0.05 for who in now):
+            return
+        last = now
+
+
+def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
+    nodes_n, pods_n, k, reps = SCALE_SIZES[size]
+    name, url = binds.start()
+    pids = {"bind": stack.cp.processes[name].pid, "kube-scheduler": stack.cp.processes["kube-scheduler"].pid}
+
+    def cpu() -> dict[str, float]:  # bind: functions-framework's master and its worker
+        return {"bind": profile.cpu_seconds(pids["bind"]),
+                "kube-scheduler": profile.cpu_seconds(pids["kube-scheduler"], children=False)}
+    figures: dict = {"nodes": nodes_n, "pods": pods_n, "placed_per_run": k, "runs": reps}
+    nodes = node_names(nodes_n)
+    started = time.perf_counter()
+    leases = add_nodes(stack, api, nodes)
+    try:
+        figures["nodes_ready_s"] = time.perf_counter() - started
+        ns = namespace(stack, "bulk")
+        before = cpu()
+        _, figures["create_s"] = create_all(api, ns, [bulk_pod(i, nodes) for i in range(pods_n)])
+        quiet(cpu)  # the watches deliver the last of them
+        figures["cpu_ms_per_1000_created"] = {who: (t - before[who]) * 1e6 / pods_n for who, t in cpu().items()}
+        runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
+        slot = 0
+        for rep in range(reps):
+            for scheduler in (("bind", "kube-scheduler") if rep % 2 == 0 else ("kube-scheduler", "bind")):
+                ns = namespace(stack, scheduler)
+                watch = bench_run.BoundWatch(stack, ns)
+                try:
+                    before, t0 = cpu(), time.perf_counter()
+                    create_all(api, ns, placed_pods(scheduler, range(slot, slot + k), nodes))
+                    if scheduler == "bind":
+                        ping(url)
+                    last = wait_all_bound(watch, k, url if scheduler == "bind" else None)
+                    quiet(cpu, 10)  # both write their Events after the Binding, in the background
+                    after = cpu()
+                finally:
+                    watch.stop()
+                slot += k
+                runs[scheduler].append({"cpu_s": after[scheduler] - before[scheduler], "create_to_all_bound_s": last - t0})
+        for scheduler, measured in runs.items():
+            figures[scheduler] = {"cpu_ms_per_placement": 1000 * sum(r["cpu_s"] for r in measured) / (k * reps),
+                                  "peak_rss_mb": peak_rss_mb(pids[scheduler]), "runs": measured}
+        figures["lease_renewal_round_s"] = max(leases.round_s, default=None)
+        figures["nodes_tainted_at_end"] = tainted(api, set(nodes))  # 0: they stayed Ready throughout
+        figures["peak_rss_mb"] = {process: peak_rss_mb(stack.cp.processes[process].pid)
+                                  for process in ("kube-apiserver", "etcd")}
+    finally:
+        leases.stop()
+        binds.stop(name, pods_deleted=False)
+    return figures
+
+
+# -- the section -------------------------------------------------------------------------------------
+def run(smoke: bool, at_scale: bool = False, only: tuple[str, ...] = ("drain", "writes", "scale")) -> dict:
+    """On one stack without webhook and event source (bind finds or is told its work itself): the
+    stack's own bind is stopped first, so only the bind being measured places pods."""
+    drain_n, drain_reps, writes_n, writes_reps = (40, 1, 20, 1) if smoke else (300, 5, 100, 2)
+    results: dict = {}
+    with LocalStack(webhook=False, event_source=False) as stack, tempfile.TemporaryDirectory(prefix="bind-at-") as into:
+        api = admin_api(stack)
+        binds = Binds(stack, api, Path(into))
+        binds.stop("bind", pods_deleted=False)
+        size = "smoke" if smoke else "scale" if at_scale else "default"
+        parts = {"drain": (f"backlog drain, {drain_n} pods", lambda: drain(stack, binds, api, drain_n, drain_reps)),
+                 "writes": (f"API writes per placed pod, bind now and at {BEFORE_REWRITE}",
+                            lambda: writes(stack, binds, api, writes_n, writes_reps)),
+                 "scale": (f"scale, {SCALE_SIZES[size][0]} nodes and {SCALE_SIZES[size][1]} pods",
+                           lambda: scale(stack, binds, api, size))}
+        for part, (what, measure) in parts.items():
+            if part in only:
+                print(f"bench: {what}", flush=True)
+                results[part] = measure()
+                print("\n".join(rows({part: results[part]})), flush=True)  # at once: a later part may fail
+    return results
+
+
+def rows(results: dict) -> list[str]:
+    out = []
+
+    def row(name, value, goal="(report)", ok=None):
+        verdict = "" if ok is None else ("PASS" if ok else "MISS")
+        out.append(f"{name:<62} {value:>20} {goal:>12}  {verdict}")
+    d = results.get("drain")
+    if d:
+        row(f"backlog drain, {d['pods']} pods: bind / raw pods/binding at 8 threads",
+            f"{d['ratio']:.2f} ({d['bind_s']:.2f}/{d['raw_s']:.2f} s)", ">= 0.8", d["ratio"] >= 0.8)
+        row("  bind from process start to all bound (s)", f"{d['bind_start_to_all_bound_s']:.2f}")
+    for label, w in (results.get("writes") or {}).items():
+        revision = "this tree" if label == "tree" else label
+        if "skipped" in w:
+            row(f"API writes per placed pod, bind at {revision}", "skipped", w["skipped"])
+            continue
+        row(f"API writes per placed pod, bind at {revision} ({w['pods']} pods)",
+            f"{w['per_pod']:.2f} (+{w['per_pod_after_delete']:.2f} on delete)")
+        shown = {**w["placing"], **{f"{k} (on delete)": v for k, v in w["after_delete"].items()}}
+        out.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in shown.items()))
+    s = results.get("scale")
+    if s:
+        row(f"scale: {s['nodes']} nodes, {s['pods']} pods created (s, pods/s)",
+            f"{s['create_s']:.0f} ({s['pods'] / s['create_s']:.0f}/s)")
+        for who in ("bind", "kube-scheduler"):
+            row(f"  {who}: CPU ms per placement ({s['placed_per_run']} x {s['runs']}), peak RSS MB",
+                f"{s[who]['cpu_ms_per_placement']:.2f}, {s[who]['peak_rss_mb']:.0f}")
+        row("  create to all bound, bind / kube-scheduler (median s)", " / ".join(
+            f"{statistics.median(r['create_to_all_bound_s'] for r in s[who]['runs']):.2f}" for who in ("bind", "kube-scheduler")))
+        row("  peak RSS of kube-apiserver, etcd (MB); nodes tainted at the end",
+            f"{s['peak_rss_mb']['kube-apiserver']:.0f}, {s['peak_rss_mb']['etcd']:.0f}; {s['nodes_tainted_at_end']}")
+        c = s["cpu_ms_per_1000_created"]
+        row("  CPU ms per 1000 pods created elsewhere, bind / kube-scheduler",
+            f"{c['bind']:.0f} / {c['kube-scheduler']:.0f}")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--scale", action="store_true", help="1000 nodes and 20000 pods")
+    parser.add_argument("--only", default="drain,writes,scale")
+    args = parser.parse_args()
+    results = run(args.smoke, args.scale, tuple(args.only.split(",")))
+    print(json.dumps(results, indent=2))
+    print("\n".join(rows(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
