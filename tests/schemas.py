@@ -1,6 +1,6 @@
 """Offline validation of the deployment manifests against the published schemas.
 
-- Custom resources (Knative Serving/Eventing, cert-manager): the CRDs in ../shared/k8s-schemas/,
+- Custom resources (Knative Serving/Eventing, cert-manager): the CRDs in tests/fixtures/k8s-schemas/,
   `spec.versions[name == version].schema.openAPIV3Schema`, with unknown fields as errors wherever
   a schema lists `properties` and does not set `x-kubernetes-preserve-unknown-fields: true`
   (the API server would prune them silently: that is how typos go unnoticed). `metadata` is
@@ -21,8 +21,9 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from tests.fixtures import SCHEMAS
+
 REPO = Path(__file__).resolve().parent.parent
-SCHEMAS = REPO.parent / "shared" / "k8s-schemas"
 KIND_CONFIG = REPO / "kind" / "cluster.yaml"
 CORE_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "admissionregistration.k8s.io", "batch"}
 
