@@ -6,19 +6,37 @@ not answer (usage, unreadable or invalid input, kubeconfig or API errors), with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from importlib import metadata
 from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
 from gpu_scheduler.devices import CUDA, NVIDIA, device_env
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
+from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
 from . import files, output
 
 PROG = "kubectl gpu-scheduler"
+SCRIPT = "kubectl-gpu_scheduler"  # the executable kubectl runs for `kubectl gpu-scheduler`
+DISTRIBUTION = "gpu-scheduler"
 OK, NOT_PLACEABLE, ERROR = 0, 1, 2
+POD_TYPES = ("pod", "pods", "po")  # how kubectl names the resource in TYPE/NAME and TYPE NAME
+CANNOT_ANSWER = "  2  the command could not answer: usage, invalid input, kubeconfig or API errors"
+EXIT_STATUS = f"""exit status:
+  0  every pod is (or would be) placed
+  1  at least one pod would not be placed
+{CANNOT_ANSWER}"""
+
+
+def version() -> str:
+    try:
+        return f"v{metadata.version(DISTRIBUTION)}"
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return f"unknown (the {DISTRIBUTION} package is not installed: pip install .)"
 
 
 class UsageError(Exception):
@@ -30,28 +48,99 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def parser() -> argparse.ArgumentParser:
-    top = Parser(prog=PROG, description="Where gpu-scheduler puts each replica, before and after applying.")
-    commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+TOP_EXAMPLES = f"""examples:
+  # where each replica of a StatefulSet goes, before applying it
+  {PROG} plan -f check/statefulset.yaml
 
-    def common(command):
-        command.add_argument("-o", "--output", choices=output.FORMATS, default="table")
+  # why a pod stays Pending
+  {PROG} explain pod/gpu-scheduler-check-2 -n default
+
+{EXIT_STATUS}"""
+PLAN_EXAMPLES = f"""examples:
+  # every pod a manifest creates: index, name, node, CUDA_VISIBLE_DEVICES
+  {PROG} plan -f check/statefulset.yaml
+
+  # add the env the opt-in nvidia mode sets (NVIDIA MODE column)
+  {PROG} plan -f check/statefulset.yaml -o wide
+
+  # several files, a directory, stdin; JSON for scripts
+  {PROG} plan -f manifests/ -f job.yaml
+  cat check/statefulset.yaml | {PROG} plan -f - -o json
+
+  # also what bind would decide now: node exists, Ready, not cordoned, taints, GPU capacity
+  {PROG} plan -f check/statefulset.yaml --cluster --context kind-gpu-scheduler
+
+{EXIT_STATUS}"""
+EXPLAIN_EXAMPLES = f"""examples:
+  # a pod in the context's namespace
+  {PROG} explain gpu-scheduler-check-2
+
+  # named as kubectl names it: pod/NAME, pods/NAME, po/NAME or pod NAME
+  {PROG} explain pod/gpu-scheduler-check-2 -n default
+  {PROG} explain pod gpu-scheduler-check-2 --namespace=default
+
+  # as YAML, for scripts
+  {PROG} explain po/gpu-scheduler-check-2 -o yaml
+
+exit status:
+  0  the pod is placed, or the next resync places it (or leaves it to another scheduler)
+  1  the next resync leaves the pod Pending
+{CANNOT_ANSWER}"""
+
+
+def parser() -> argparse.ArgumentParser:
+    text = {"formatter_class": argparse.RawDescriptionHelpFormatter}
+    top = Parser(prog=PROG, description="Where gpu-scheduler puts each pod, before and after applying: the node\n"
+                 "and GPUs from the gpu-scheduling-map annotation, and why a pod is not placed.",
+                 epilog=TOP_EXAMPLES, **text)
+    top.add_argument("--version", action="version", version=f"{SCRIPT} version {version()}",
+                     help="print the plugin's version and exit")
+    commands = top.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+
+    def common(command, formats):
+        command.add_argument("-o", "--output", choices=formats, default="table",
+                             help=f"output format: {', '.join(formats)} (default: table)")
         command.add_argument("-n", "--namespace", help="namespace (default: the context's, as kubectl)")
         command.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
         command.add_argument("--context", help="kubeconfig context (default: the current context)")
 
-    plan = commands.add_parser("plan", help="each replica's node and env, from a manifest",
-                               description="One row per pod a StatefulSet, Job or Pod manifest creates: "
-                               "index, pod name, node, CUDA_VISIBLE_DEVICES and the env nvidia mode sets.")
+    plan = commands.add_parser(
+        "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
+        description="One row per pod a StatefulSet, Job or Pod manifest creates, as its controller\n"
+        "will create it: index, pod name, node and CUDA_VISIBLE_DEVICES; below the table,\n"
+        "what would keep a pod from being placed and what looks wrong. Reads files only,\n"
+        "unless --cluster.")
     plan.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                       help="manifest file or directory; - reads stdin; repeatable")
     plan.add_argument("--cluster", action="store_true",
                       help="also say what bind would decide now (node, readiness, taints, GPU capacity)")
-    common(plan)
-    explain = commands.add_parser("explain", help="a pod in the cluster: its entry, env, Events, next resync")
-    explain.add_argument("pod", metavar="POD")
-    common(explain)
+    common(plan, output.PLAN_FORMATS)
+    explain = commands.add_parser(
+        "explain", help="a pod in the cluster: its entry, env, Events, next resync", epilog=EXPLAIN_EXAMPLES,
+        **text, description="One pod in the cluster: its index and gpu-scheduling-map entry, the device env\n"
+        "each container got (and whether it matches the entry), gpu-scheduler's Events, its\n"
+        "PodScheduled condition, and what bind's next resync will do with it.")
+    explain.add_argument("pod", nargs="+", metavar="POD", help="NAME, pod/NAME (pods/, po/) or pod NAME")
+    common(explain, output.EXPLAIN_FORMATS)
     return top
+
+
+def pod_named(words: Sequence[str]) -> str:
+    """The pod name in NAME, TYPE/NAME or TYPE NAME, TYPE one of kubectl's names for pods."""
+    if len(words) == 2:
+        kind, name = words
+    elif len(words) == 1 and words[0].count("/") > 1:
+        raise UsageError("a pod named in TYPE/NAME form has one slash, as in pod/NAME")
+    elif len(words) == 1:
+        kind, _, name = words[0].rpartition("/")
+    else:
+        raise UsageError("explain takes one pod: NAME, pod/NAME or pod NAME")
+    if (kind or len(words) == 1 and "/" in words[0]) and kind.lower() not in POD_TYPES:
+        raise UsageError(f"explain shows pods, not {core.found(kind)}: name one as NAME, pod/NAME or pod NAME")
+    if not is_dns_subdomain(name):
+        raise UsageError(f"{core.found(name)} is not a pod name (a DNS-1123 subdomain: lowercase letters, digits,"
+                         " '-' and '.', at most 253 characters)")
+    return name
 
 
 def connect(args):
@@ -65,6 +154,7 @@ def connect(args):
         configuration, namespace = load_kubectl_configuration(args.kubeconfig, args.context)
     except (ConfigException, OSError, ValueError, TypeError) as error:
         raise UsageError(f"kubeconfig: {error}") from None
+    args.server = configuration.host  # for a message when it cannot be reached
     return Cluster(Kube(configuration)), args.namespace or namespace
 
 
@@ -115,16 +205,17 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
 # -- explain ------------------------------------------------------------------------------------
 def _event(event: dict[str, Any]) -> dict[str, Any]:
     return {"type": event.get("type"), "reason": event.get("reason"), "count": event.get("count") or 1,
-            "lastTimestamp": event.get("lastTimestamp") or event.get("eventTime") or "",
+            "lastTimestamp": event.get("lastTimestamp") or event.get("eventTime") or None,
             "message": event.get("message")}
 
 
 def run_explain(args) -> dict[str, Any]:
+    name = pod_named(args.pod)
     cluster, namespace = connect(args)
-    pod = cluster.pod(namespace, args.pod)
+    pod = cluster.pod(namespace, name)
     if pod is None:
-        raise UsageError(f'pods "{args.pod}" not found in namespace {namespace}')
-    answer: dict[str, Any] = {"namespace": namespace, "name": args.pod,
+        raise UsageError(f'pods "{name}" not found in namespace {namespace}')
+    answer: dict[str, Any] = {"namespace": namespace, "name": name,
                               "node": (pod.get("spec") or {}).get("nodeName") or None}
     node_name, env = None, core.device_env_of(pod)
     try:
@@ -137,9 +228,7 @@ def run_explain(args) -> dict[str, Any]:
         wanted = [(mode, device_env(placement, mode)) for mode in (CUDA, NVIDIA)]
         given = [e for e in env.values() if e]
         matching = [mode for mode, values in wanted if given and all(e == values for e in env.values())]
-        answer["env_check"] = (f"matches the map entry ({matching[0]} mode)" if matching else
-                               "differs from the map entry: the pod was admitted without the webhook, or the map"
-                               " changed after it was created")
+        answer["envCheck"] = {"matches": bool(matching), "mode": matching[0] if matching else None}
     except NotPlaceable as why:
         answer.update(index=None, entry=None, problem={"reason": why.reason, "message": why.message})
     answer["env"] = env
@@ -166,8 +255,13 @@ def _say(text: str, stream) -> None:
 
 def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    args = None
     try:
-        args = parser().parse_args(argv)
+        with contextlib.redirect_stdout(stdout):  # --help and --version, to the caller's stream
+            args = parser().parse_args(argv)
+        if args.namespace is not None and not is_dns_label(args.namespace):
+            raise UsageError(f"-n/--namespace: {core.found(args.namespace)} is not a namespace name"
+                             " (a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters)")
         if args.command == "plan":
             answer, errors = run_plan(args, stdin)
             if answer["workloads"]:
@@ -184,11 +278,19 @@ def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None
         _say(f"error: {error}\n", stderr)
         return ERROR
     except Exception as error:  # API errors, and anything unforeseen: one line, never a traceback
-        _say(f"error: {_api_problem(error)}\n", stderr)
+        _say(f"error: {_api_problem(error, getattr(args, 'server', None))}\n", stderr)
         return ERROR
 
 
-def _api_problem(error: Exception) -> str:
+def _root_cause(error: BaseException) -> BaseException:
+    seen = set()
+    while error.__cause__ is not None and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__
+    return error
+
+
+def _api_problem(error: Exception, server: str | None) -> str:
     import json
 
     import urllib3
@@ -200,6 +302,8 @@ def _api_problem(error: Exception) -> str:
         except (TypeError, ValueError, KeyError):
             message = error.reason
         return f"the Kubernetes API answered {error.status}: {message}"
-    if isinstance(error, urllib3.exceptions.HTTPError):
-        return f"cannot reach the Kubernetes API: {error}"
+    if isinstance(error, urllib3.exceptions.HTTPError):  # the socket's words, not the exceptions' reprs
+        root = _root_cause(error)
+        why = (root.strerror if isinstance(root, OSError) and root.strerror else str(root)) or type(root).__name__
+        return f"cannot reach the Kubernetes API{f' at {server}' if server else ''}: {why}"
     return f"unexpected {type(error).__name__}: {error}"

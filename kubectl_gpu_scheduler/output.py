@@ -1,4 +1,5 @@
-"""Formatting: one dict per answer (what -o json and -o yaml print), and tables for people."""
+"""Formatting: one dict per answer (what -o json and -o yaml print: data, the messages aside),
+and tables for people, which fit 100 columns for the seed StatefulSet; `-o wide` adds columns."""
 from __future__ import annotations
 
 import json
@@ -6,11 +7,12 @@ from typing import Any, Mapping
 
 import yaml
 
-from gpu_scheduler.plan import Note, Row, WorkloadPlan
+from gpu_scheduler.plan import Note, Row, WorkloadPlan, counted
 
 from .files import shown
 
-FORMATS = ("table", "json", "yaml")
+PLAN_FORMATS = ("table", "wide", "json", "yaml")
+EXPLAIN_FORMATS = ("table", "json", "yaml")
 
 
 def _notes(notes) -> list[dict[str, str]]:
@@ -25,7 +27,7 @@ def row_dict(row: Row, cluster: Note | None = None, checked: bool = False) -> di
     placeable = row.placeable and cluster is None
     answer: dict[str, Any] = {
         "index": row.index, "pod": row.pod, "node": row.node or None,
-        "CUDA_VISIBLE_DEVICES": ",".join(row.devices) or None,
+        "devices": list(row.devices),
         "mode": row.mode, "env": {"cuda": dict(row.env), "nvidia": dict(row.nvidia_env)},
         "placeable": placeable, "problems": _notes(row.problems), "warnings": _notes(row.warnings),
     }
@@ -36,8 +38,10 @@ def row_dict(row: Row, cluster: Note | None = None, checked: bool = False) -> di
 
 
 def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"source": source, "document": document, "kind": plan.kind, "namespace": plan.namespace,
-            "name": plan.name, "replicas": plan.replicas, "placeable": all(r["placeable"] for r in rows),
+    work = plan.work
+    return {"source": source, "document": document, "kind": work.kind, "namespace": work.namespace,
+            "name": work.name, "replicas": work.replicas, "indexed": work.indexed,
+            "ordinalsStart": work.ordinals_start, "placeable": all(r["placeable"] for r in rows),
             "pods": rows, "warnings": _notes(plan.warnings)}
 
 
@@ -46,31 +50,35 @@ def render(answer: dict[str, Any], form: str, table) -> str:
         return json.dumps(answer, indent=2) + "\n"
     if form == "yaml":
         return yaml.safe_dump(answer, sort_keys=False, allow_unicode=True, width=1000)
-    return table(answer)
+    return table(answer, wide=True) if form == "wide" else table(answer)
 
 
 def columns(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    lines = ["   ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *rows]]
+    cells = [["<none>" if c is None else str(c) for c in line] for line in [header, *rows]]
+    widths = [max(len(c) for c in column) for column in zip(*cells)]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
     return "\n".join(lines) + "\n"
 
 
-def plan_table(answer: dict[str, Any]) -> str:
+def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
+    """One table per workload; `wide` adds the env the opt-in nvidia mode would set."""
     out = []
     for work in answer["workloads"]:
         where = shown(work["source"])
+        how = counted(work["kind"], work["indexed"], work["replicas"], work["ordinalsStart"])
         out.append(f"{work['kind']} {work['namespace']}/{work['name']} ({where}, document {work['document']};"
-                   f" {work['replicas']})\n")
+                   f" {how})\n")
         checked = any("cluster" in p for p in work["pods"])
-        header = ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", "NVIDIA MODE", "STATUS"]
+        header = ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", *(["NVIDIA MODE"] if wide else []), "STATUS"]
         lines = []
         for pod in work["pods"]:
             status = ",".join(p["reason"] for p in pod["problems"]) or "ok"
             if checked:
                 status = {"bind": "bind now", "none": status}.get(
                     pod["cluster"]["decision"], f"{pod['cluster'].get('reason')} now")
+            nvidia = [_env_text(pod["env"]["nvidia"]) or "<none>"] if wide else []
             lines.append(["-" if pod["index"] is None else str(pod["index"]), pod["pod"], pod["node"] or "<none>",
-                          pod["CUDA_VISIBLE_DEVICES"] or "<none>", _env_text(pod["env"]["nvidia"]) or "<none>", status])
+                          ",".join(pod["devices"]) or "<none>", *nvidia, status])
         out.append(columns(header, lines))
         for pod in work["pods"]:
             who = f"pod {pod['pod']}"
@@ -97,19 +105,23 @@ def explain_table(answer: dict[str, Any]) -> str:
     lines.append("Device env:")
     for container, env in answer["env"].items():
         lines.append(f"  {container}: {_env_text(env, ()) or '<none>'}")
-    if answer.get("env_check"):
-        lines.append(f"  {answer['env_check']}")
+    check = answer.get("envCheck")
+    if check:
+        lines.append(f"  matches the map entry ({check['mode']} mode)" if check["matches"] else
+                     "  differs from the map entry: the pod was admitted without the webhook, or the map"
+                     " changed after it was created")
     condition = answer.get("podScheduled")
     if condition:
         detail = ", ".join(filter(None, (condition.get("reason"), condition.get("message"))))
-        lines.append(f"PodScheduled:   {condition.get('status')}" + (f" ({detail})" if detail else ""))
+        lines.append(f"PodScheduled:   {condition.get('status') or '<none>'}" + (f" ({detail})" if detail else ""))
     else:
         lines.append("PodScheduled:   <none>")
     events = answer["events"]
     lines.append("Events (gpu-scheduler):" + ("" if events else " <none>"))
     if events:
         table = columns(["TYPE", "REASON", "COUNT", "LAST SEEN", "MESSAGE"],
-                        [[e["type"], e["reason"], str(e["count"]), e["lastTimestamp"], e["message"]] for e in events])
+                        [[e["type"], e["reason"], str(e["count"]), e["lastTimestamp"] or "<unknown>", e["message"]]
+                         for e in events])
         lines += ["  " + line for line in table.splitlines()]
     nxt = answer["nextResync"]
     lines.append(f"Next resync:    {nxt['action']}: {nxt['message']}")

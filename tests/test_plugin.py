@@ -1,5 +1,6 @@
 """`kubectl gpu-scheduler plan` on files: every output form, malformed input, several documents,
-stdin; exit codes; the installed console script, `python -m`, and kubectl's plugin lookup."""
+stdin; exit codes; how explain names a pod; --version and --help; the installed console script,
+`python -m`, and kubectl's plugin lookup."""
 from __future__ import annotations
 
 import io
@@ -7,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import REPO
-from kubectl_gpu_scheduler.cli import main
+from kubectl_gpu_scheduler.cli import UsageError, main, pod_named
 from localcp.cluster import BIN
 
 SEED_FILE = str(REPO / "check" / "statefulset.yaml")
@@ -48,16 +50,32 @@ def table_rows(out: str) -> list[list[str]]:
     return [line.split() for line in lines[start + 1:] if line and line[0].isdigit()]
 
 
-def test_the_seed_statefulset_table():
-    code, out, err = run("plan", "-f", SEED_FILE)
+SEED_ROWS = [("0", "gpu-scheduler-check-0", "node1", "0,1"), ("1", "gpu-scheduler-check-1", "node2", "2"),
+             ("2", "gpu-scheduler-check-2", "node3", "0,1,2"), ("3", "gpu-scheduler-check-3", "node4", "3"),
+             ("4", "gpu-scheduler-check-4", "node4", "3")]
+
+
+def test_the_seed_statefulset_table_fits_100_columns(monkeypatch):
+    monkeypatch.chdir(REPO)
+    code, out, err = run("plan", "-f", "check/statefulset.yaml")
     assert (code, err) == (0, "")
-    assert out.splitlines()[0] == f"StatefulSet default/gpu-scheduler-check ({SEED_FILE}, document 1; replicas 5)"
-    assert [(r[0], r[1], r[2], r[3]) for r in table_rows(out)] == [
-        ("0", "gpu-scheduler-check-0", "node1", "0,1"), ("1", "gpu-scheduler-check-1", "node2", "2"),
-        ("2", "gpu-scheduler-check-2", "node3", "0,1,2"), ("3", "gpu-scheduler-check-3", "node4", "3"),
-        ("4", "gpu-scheduler-check-4", "node4", "3")]
-    assert table_rows(out)[3][4:] == ["NVIDIA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=0", "ok"]
+    assert out.splitlines()[0] == ("StatefulSet default/gpu-scheduler-check (check/statefulset.yaml, document 1;"
+                                   " replicas 5)")
+    assert out.splitlines()[1].split() == ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", "STATUS"]
+    assert [tuple(r) for r in table_rows(out)] == [(*r, "ok") for r in SEED_ROWS]
     assert "warning: pod gpu-scheduler-check-3: pod index 3 shares GPUs on node4: device 3 also to index 4" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_wide_adds_the_nvidia_mode_column():
+    code, out, _ = run("plan", "-f", SEED_FILE, "-o", "wide")
+    assert code == 0
+    assert out.splitlines()[1].split() == ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", "NVIDIA", "MODE", "STATUS"]
+    assert [tuple(r[:4]) for r in table_rows(out)] == SEED_ROWS
+    assert table_rows(out)[3][4:] == ["NVIDIA_VISIBLE_DEVICES=3", "CUDA_VISIBLE_DEVICES=0", "ok"]
+    narrow = run("plan", "-f", SEED_FILE)[1].splitlines()
+    assert [line for line in out.splitlines() if not line[:1].isalnum()] == [
+        line for line in narrow if not line[:1].isalnum()], "the notes below the table are the same"
 
 
 @pytest.mark.parametrize("form,load", [("json", json.loads), ("yaml", yaml.safe_load)])
@@ -68,13 +86,47 @@ def test_json_and_yaml_say_the_same(form, load):
     [work] = answer["workloads"]
     assert (work["kind"], work["namespace"], work["name"], work["document"]) == ("StatefulSet", "default",
                                                                                 "gpu-scheduler-check", 1)
-    assert [(p["index"], p["node"], p["CUDA_VISIBLE_DEVICES"]) for p in work["pods"]] == [
-        (0, "node1", "0,1"), (1, "node2", "2"), (2, "node3", "0,1,2"), (3, "node4", "3"), (4, "node4", "3")]
+    assert (work["replicas"], work["indexed"], work["ordinalsStart"]) == (5, True, 0)
+    assert [(p["index"], p["node"], p["devices"], p["placeable"]) for p in work["pods"]] == [
+        (0, "node1", ["0", "1"], True), (1, "node2", ["2"], True), (2, "node3", ["0", "1", "2"], True),
+        (3, "node4", ["3"], True), (4, "node4", ["3"], True)]
     assert work["pods"][1]["env"] == {"cuda": {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
                                       "nvidia": {"NVIDIA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0",
                                                  "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
     assert work["pods"][3]["warnings"][0]["reason"] == "SharedDevices"
     assert "cluster" not in work["pods"][0], "offline, nothing is said about the cluster"
+
+
+def sentences(value, key=None):
+    """Every string in a JSON answer with a space in it, outside the `message`s."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in sentences(v, k)]
+    if isinstance(value, list):
+        return [s for v in value for s in sentences(v, key)]
+    return [value] if isinstance(value, str) and " " in value and key != "message" else []
+
+
+@pytest.mark.parametrize("form,load", [("json", json.loads), ("yaml", yaml.safe_load)])
+def test_json_and_yaml_carry_data_not_sentences(tmp_path, form, load):
+    template = SEED["spec"]["template"]
+    uuid = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+    docs = [with_map(f"3=node1:0\n4=node2:{uuid}", replicas=3, name="s", ordinals={"start": 3}),
+            {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+             "spec": {"completionMode": "Indexed", "completions": 2, "template": template}},
+            {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n"}, "spec": {"template": template}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p-3", **template["metadata"]},
+             "spec": template["spec"]}]
+    code, out, _ = run("plan", "-f", write(tmp_path, *docs), "-o", form)
+    answer = load(out)
+    assert code == 1 and answer["placeable"] is False
+    assert [(w["kind"], w["replicas"], w["indexed"], w["ordinalsStart"], w["placeable"])
+            for w in answer["workloads"]] == [("StatefulSet", 3, True, 3, False), ("Job", 2, True, None, True),
+                                              ("Job", None, False, None, False), ("Pod", 1, False, None, True)]
+    statefulset = answer["workloads"][0]["pods"]
+    assert [(p["index"], p["node"], p["devices"], p["mode"]) for p in statefulset] == [
+        (3, "node1", ["0"], None), (4, "node2", [uuid], None), (5, None, [], None)]
+    assert answer["workloads"][2]["pods"][0]["index"] is None
+    assert sentences(answer) == []
 
 
 @pytest.mark.parametrize("form", ["table", "json", "yaml"])
@@ -121,7 +173,7 @@ def test_a_directory_reads_its_manifests(tmp_path):
 def test_exit_1_when_a_replica_would_not_be_placed(tmp_path):
     code, out, err = run("plan", "-f", write(tmp_path, with_map("0=node1:0\n1=node2:1", replicas=3)))
     assert (code, err) == (1, "")
-    assert table_rows(out)[2] == ["2", "gpu-scheduler-check-2", "<none>", "<none>", "<none>", "NoMapEntry"]
+    assert table_rows(out)[2] == ["2", "gpu-scheduler-check-2", "<none>", "<none>", "NoMapEntry"]
     assert "not placed: pod gpu-scheduler-check-2: pod index 2 has no entry" in out
     assert "warning: pod indexes 2 have no map entry: those pods will stay Pending" in out
 
@@ -167,7 +219,7 @@ def test_namespace_flag_defaults_and_must_agree(tmp_path):
 @pytest.mark.parametrize("content,message", [
     ("kind: StatefulSet\nmetadata: {name: x\n", "document 1: invalid YAML at line 3, column 1"),
     ("a: 1\n---\n- [\n", "document 2: invalid YAML at line 4"),
-    ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found list"),
+    ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found a list"),
     ("kind: StatefulSet\nmetadata: {name: x}\nspec: {replicas: -1, template: {spec: {}}}\n",
      "spec.replicas: expected a non-negative integer, found -1"),
     ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
@@ -191,9 +243,10 @@ def test_unreadable_input_exits_2(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    ([], "the following arguments are required: command"),
+    ([], "the following arguments are required: COMMAND"),
     (["plan"], "the following arguments are required: -f/--filename"),
-    (["plan", "-f", SEED_FILE, "-o", "wide"], "argument -o/--output: invalid choice: 'wide'"),
+    (["plan", "-f", SEED_FILE, "-o", "name"], "argument -o/--output: invalid choice: 'name'"),
+    (["explain", "p", "-o", "wide"], "argument -o/--output: invalid choice: 'wide'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["explain"], "the following arguments are required: POD"),
 ])
@@ -208,8 +261,59 @@ def test_cluster_mode_without_a_kubeconfig_exits_2(tmp_path):
 
 
 def test_cluster_mode_with_the_api_down_exits_2_in_bounded_time(unreachable_kubeconfig):
+    server = json.loads(unreachable_kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     code, _, err = run("plan", "-f", SEED_FILE, "--cluster", "--kubeconfig", str(unreachable_kubeconfig))
-    assert code == 2 and err.startswith("error: cannot reach the Kubernetes API") and err.count("\n") == 1
+    assert (code, err) == (2, f"error: cannot reach the Kubernetes API at {server}: Connection refused\n")
+
+
+@pytest.mark.parametrize("words", [["p-0"], ["pod/p-0"], ["pods/p-0"], ["po/p-0"], ["Pod/p-0"], ["pod", "p-0"],
+                                   ["po", "p-0"]])
+def test_explain_names_a_pod_as_kubectl_does(words):
+    assert pod_named(words) == "p-0"
+
+
+@pytest.mark.parametrize("words,message", [
+    (["deployment/d"], 'explain shows pods, not "deployment": name one as NAME, pod/NAME or pod NAME'),
+    (["svc", "s"], 'explain shows pods, not "svc"'),
+    (["pod/"], '"" is not a pod name'),
+    (["/p-0"], 'explain shows pods, not ""'),
+    (["pod/a/b"], "a pod named in TYPE/NAME form has one slash, as in pod/NAME"),
+    (["pod/P-0"], '"P-0" is not a pod name (a DNS-1123 subdomain'),
+    (["pod", "a", "b"], "explain takes one pod: NAME, pod/NAME or pod NAME"),
+])
+def test_explain_refuses_what_is_not_one_pod_before_reading_the_kubeconfig(tmp_path, words, message):
+    code, out, err = run("explain", *words, "--kubeconfig", str(tmp_path / "none"))
+    assert (code, out) == (2, "") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["explain", "pod/p", "-n", "Team"], ["explain", "--namespace=a_b", "p"],
+                                  ["plan", "-f", SEED_FILE, "-nTeam"]])
+def test_a_namespace_that_cannot_exist_exits_2(argv):
+    code, out, err = run(*argv)
+    assert (code, out) == (2, "") and "is not a namespace name (a DNS-1123 label" in err
+
+
+def test_explain_takes_the_namespace_anywhere_as_kubectl(unreachable_kubeconfig):
+    for argv in (["-n", "team", "pod/p-0"], ["pod/p-0", "--namespace=team"], ["-nteam", "pod", "p-0"]):
+        code, _, err = run("explain", *argv, "--kubeconfig", str(unreachable_kubeconfig))
+        assert code == 2 and err.startswith("error: cannot reach the Kubernetes API"), "past the arguments"
+
+
+def test_version_is_the_packages():
+    code, out, err = run("--version")
+    assert (code, out, err) == (0, f"kubectl-gpu_scheduler version v{metadata.version('gpu-scheduler')}\n", "")
+
+
+@pytest.mark.parametrize("command", ["plan", "explain"])
+def test_each_command_has_a_description_and_examples(command):
+    code, out, err = run(command, "--help")
+    assert (code, err) == (0, "")
+    usage, description, *_ = out.split("\n\n")
+    assert usage.startswith(f"usage: kubectl gpu-scheduler {command} ") and len(description.split()) > 10
+    examples = out[out.index("\nexamples:\n"):]
+    assert f"  kubectl gpu-scheduler {command} " in examples and "\nexit status:\n  0  " in examples
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert f"    {command}  " in run("--help")[1], "the top-level help lists the command"
 
 
 def test_an_unknown_context_exits_2(unreachable_kubeconfig):

@@ -107,18 +107,19 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_resync_that_places_it(stack, 
     stack.apply(workload(namespace, f"0=node1:0,1\n1={cordoned}:2", 2))
     stack.wait_for(lambda: len([p for p in stack.pods(namespace) if p["spec"].get("nodeName")]) == 1, 60, "pod 0 bound")
 
-    code, out, err = run("explain", "gpu-scheduler-check-0", "-n", namespace, "--kubeconfig", reader, "-o", "json")
+    code, out, err = run("explain", "pod/gpu-scheduler-check-0", "-n", namespace, "--kubeconfig", reader, "-o", "json")
     answer = json.loads(out)
     assert (code, err) == (0, "")
     assert (answer["index"], answer["entry"], answer["node"]) == (0, "0=node1:0,1", "node1")
     assert answer["env"]["check"] == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    assert answer["env_check"] == "matches the map entry (cuda mode)"
+    assert answer["envCheck"] == {"matches": True, "mode": "cuda"}
     assert [e["reason"] for e in answer["events"]] == ["Scheduled"]
     assert answer["nextResync"]["action"] == "nothing" and "already bound to node1" in answer["nextResync"]["message"]
 
     stack.wait_for(lambda: run("explain", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader,
                                "-o", "json")[1].count("FailedScheduling"), 20, "the FailedScheduling Event")
-    code, out, _ = run("explain", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader, "-o", "yaml")
+    code, out, _ = run("explain", "po/gpu-scheduler-check-1", "--namespace", namespace, "--kubeconfig", reader,
+                       "-o", "yaml")
     answer = yaml.safe_load(out)
     assert code == 1
     assert answer["podScheduled"]["status"] == "False" and "is cordoned" in answer["podScheduled"]["message"]
@@ -127,16 +128,16 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_resync_that_places_it(stack, 
                                     "message": f"node {cordoned} is cordoned (spec.unschedulable)"}
 
     stack.cp.kubectl("uncordon", cordoned)
-    code, out, _ = run("explain", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
+    code, out, _ = run("explain", "pods/gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
     assert code == 0 and f"Next resync:    bind: bind to {cordoned}" in out
     assert "Events (gpu-scheduler):" in out and "FailedScheduling" in out
     stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
-    code, out, _ = run("explain", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
+    code, out, _ = run("explain", "pod", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
     assert code == 0 and f"Node:           {cordoned}" in out and "Scheduled" in out
 
 
 def test_explain_uses_the_contexts_namespace_and_reports_a_missing_pod(stack, reader):
-    code, out, err = run("explain", "nothing-here", "--kubeconfig", reader, "--context", "reader-ns")
+    code, out, err = run("explain", "pod/nothing-here", "--kubeconfig", reader, "--context", "reader-ns")
     assert (code, out) == (2, "")
     assert err == 'error: pods "nothing-here" not found in namespace plugin-home\n'
 
@@ -148,3 +149,5 @@ def test_a_pod_of_another_scheduler_is_explained_as_not_ours(stack, namespace, r
     code, out, _ = run("explain", "other-0", "-n", namespace, "--kubeconfig", reader)
     assert code == 0 and "Map entry:      <none>" in out and "Next resync:    nothing:" in out
     assert "NoAnnotation: the pod has no gpu-scheduling-map annotation" in out
+    assert 'Next resync:    nothing: spec.schedulerName is "default-scheduler", not gpu-scheduler' in out
+    assert "None" not in out
