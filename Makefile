@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit venv controlplane bench clean
+.PHONY: demo test unit venv controlplane bench install manifests clean
 .DEFAULT_GOAL := demo
 
 $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functions/mutate/requirements.txt pyproject.toml
@@ -28,8 +28,23 @@ test: venv controlplane  ## every test: unit, HTTP, offline manifests, and the l
 unit: venv  ## the tests that need no control plane
 	$(PY) -m pytest -m "not controlplane" $(PYTEST_ARGS)
 
-bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick; NO_REAL_NODES=1: skip the four real nodes)
-	$(PY) -m bench.run $(if $(SMOKE),--smoke,) $(if $(NO_REAL_NODES),--no-real-nodes,)
+bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick; NO_REAL_NODES=1: skip the four real nodes; SCALE=1: 1000 nodes, 20000 pods)
+	$(PY) -m bench.run $(if $(SMOKE),--smoke,) $(if $(NO_REAL_NODES),--no-real-nodes,) $(if $(SCALE),--scale,)
+
+# The chart on the cluster of your kubectl context (docs/install.md): Knative Serving and
+# Eventing and cert-manager must be there. VALUES: your values file (at least the two images).
+HELM ?= $(firstword $(shell command -v helm) $(wildcard $(shell bash localcp/build-helm.sh --path)))
+RELEASE ?= gpu-scheduler
+INSTALL_NAMESPACE ?= gpu-scheduler
+VALUES ?=
+install:  ## helm upgrade --install the chart (VALUES=my-values.yaml, INSTALL_NAMESPACE, RELEASE)
+	@[ -n "$(HELM)" ] || { echo "helm is required: install it, or build it with bash localcp/build-helm.sh"; exit 1; }
+	@[ -n "$(VALUES)" ] || { echo "VALUES=<your values file> is required: it names your images (docs/install.md)"; exit 1; }
+	$(HELM) upgrade --install $(RELEASE) chart/gpu-scheduler --namespace $(INSTALL_NAMESPACE) --create-namespace -f $(VALUES)
+
+manifests: venv  ## knative/*.yaml and functions/*/func.yaml, rendered from the chart with kind/values.yaml
+	bash localcp/build-helm.sh
+	$(PY) chart/manifests.py
 
 # KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
 include kind/kind.mk

@@ -1,71 +1,56 @@
 #!/usr/bin/env bash
-# make deploy: namespace and RBAC, the two functions (func deploy of the images `make images`
-# loaded, or kubectl apply of knative/*-service.yaml with DEPLOY_WITH=kubectl), the event
-# sources with the CA their sinks need, and the webhook registration last.
+# make deploy: the chart (chart/gpu-scheduler) on the kind cluster, with kind/values.yaml, the
+# images `make images` loaded (BIND_IMAGE, MUTATE_IMAGE), and the CA of knative-selfsigned-issuer
+# for the sinks; then waits for each piece. `make install` is the same chart for any cluster.
 set -euo pipefail
 # shellcheck source=kind/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DEPLOY_WITH="${DEPLOY_WITH:-func}"   # func | kubectl
-
 step "Prerequisites"
-case "$DEPLOY_WITH" in
-  func) require kubectl func ;;
-  kubectl) require kubectl ;;
-  *) die "DEPLOY_WITH is '$DEPLOY_WITH': use func or kubectl" ;;
-esac
+require kubectl helm docker
 require_cluster
 
-step "Namespace $NAMESPACE and least-privilege RBAC"
-k apply -f "$REPO_ROOT/knative/namespace.yaml" -f "$REPO_ROOT/knative/rbac.yaml"
-
-deploy_function() {  # deploy_function NAME IMAGE
-  local name="$1" image="$2"
-  step "Knative Service $name ($image, with $DEPLOY_WITH)"
-  if [ "$DEPLOY_WITH" = func ]; then
-    # func reads functions/$name/func.yaml (env, account, scale, visibility label, probes);
-    # no build, no push: the image is already in every node.
-    (cd "$REPO_ROOT/functions/$name" \
-      && func deploy --build=false --push=false --image "$image" --namespace "$NAMESPACE")
-  else
-    k apply -f "$REPO_ROOT/knative/$name-service.yaml"
-  fi
-  k -n "$NAMESPACE" wait "ksvc/$name" --for=condition=Ready --timeout=300s >/dev/null \
-    || die "Knative Service $name is not Ready: kubectl --context $KUBE_CONTEXT -n $NAMESPACE describe ksvc $name"
-  # The tag does not change when `make images` rebuilds, so the revision does not either:
-  # restart its pods (rolling, never below min-scale) to run the image just loaded. Knative
-  # leaves the restart annotation alone: it only reverts fields it sets itself.
-  local revision deployment
-  revision="$(k -n "$NAMESPACE" get ksvc "$name" -o jsonpath='{.status.latestReadyRevisionName}')"
-  for deployment in $(k -n "$NAMESPACE" get deployment -l "serving.knative.dev/revision=$revision" -o name); do
-    k -n "$NAMESPACE" rollout restart "$deployment" >/dev/null
-    k -n "$NAMESPACE" rollout status "$deployment" --timeout=300s >/dev/null \
-      || die "the pods of $name did not restart: kubectl --context $KUBE_CONTEXT -n $NAMESPACE get pods"
-  done
-  ok "$name is Ready at $(k -n "$NAMESPACE" get ksvc "$name" -o jsonpath='{.status.address.url}')"
+# image_values KEY IMAGE: the chart's values for one function's image. The image ID (what
+# `make images` built and loaded) goes into a pod annotation: a rebuilt image under the same
+# :dev tag makes a new revision, whose pods run it; an unchanged one changes nothing.
+image_values() {
+  local key="$1" image="$2" repository tag id
+  repository="${image%:*}"; tag="${image##*:}"
+  case "$tag" in */*|"$image") repository="$image"; tag=latest ;; esac  # no tag, or a registry port
+  id="$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null)" \
+    || die "no image $image here: run 'make images' first"
+  printf '%s:\n  image:\n    repository: %s\n    tag: "%s"\n  podAnnotations:\n    gpu-scheduler/image-id: "%s"\n' \
+    "$key" "$repository" "$tag" "$id"
 }
-deploy_function mutate "$MUTATE_IMAGE"
-deploy_function bind "$BIND_IMAGE"
 
-step "Event sources: ApiServerSource pod-events, PingSource resync -> bind"
-k apply -f "$REPO_ROOT/knative/sources.yaml"
-# The sink's cluster-local address is https (cluster-local-domain-tls): the adapters must trust
-# the CA that signed it. The PEM cannot live in the manifest (the CA is made per cluster).
-ca_pem="$(k -n cert-manager get secret knative-selfsigned-ca -o jsonpath='{.data.ca\.crt}' | base64 -d)"
-[ -n "$ca_pem" ] || die "secret cert-manager/knative-selfsigned-ca has no ca.crt: run 'make kind-up'"
-ca_patch="$(printf 'spec:\n  sink:\n    CACerts: |\n%s\n' "$(printf '%s\n' "$ca_pem" | sed 's/^/      /')")"
-k -n "$NAMESPACE" patch apiserversource/pod-events --type merge -p "$ca_patch" >/dev/null
-k -n "$NAMESPACE" patch pingsource/resync --type merge -p "$ca_patch" >/dev/null
+workdir="$(mktemp -d)"
+trap 'rm -rf "$workdir"' EXIT
+{ image_values bind "$BIND_IMAGE"; image_values mutate "$MUTATE_IMAGE"; } > "$workdir/images.yaml"
+# The sinks' cluster-local address is https (cluster-local-domain-tls): the adapters must trust
+# the CA that signed it, which kind-up made in this cluster.
+k -n cert-manager get secret knative-selfsigned-ca -o jsonpath='{.data.ca\.crt}' | base64 -d > "$workdir/ca.crt"
+[ -s "$workdir/ca.crt" ] || die "secret cert-manager/knative-selfsigned-ca has no ca.crt: run 'make kind-up'"
+
+step "helm upgrade --install $RELEASE (namespace $NAMESPACE, kind/values.yaml)"
+helm --kube-context "$KUBE_CONTEXT" upgrade --install "$RELEASE" "$REPO_ROOT/chart/gpu-scheduler" \
+  --namespace "$NAMESPACE" --create-namespace \
+  -f "$REPO_ROOT/kind/values.yaml" -f "$workdir/images.yaml" --set-file "sink.caCerts=$workdir/ca.crt" \
+  >/dev/null
+ok "release $RELEASE installed (helm --kube-context $KUBE_CONTEXT -n $NAMESPACE history $RELEASE)"
+
+step "Knative Services, event sources, webhook"
+for ksvc in mutate bind; do
+  k -n "$NAMESPACE" wait "ksvc/$ksvc" --for=condition=Ready --timeout=300s >/dev/null \
+    || die "Knative Service $ksvc is not Ready: kubectl --context $KUBE_CONTEXT -n $NAMESPACE describe ksvc $ksvc"
+  ok "$ksvc is Ready at $(k -n "$NAMESPACE" get ksvc "$ksvc" -o jsonpath='{.status.address.url}')"
+done
 for source in apiserversource/pod-events pingsource/resync; do
   k -n "$NAMESPACE" wait "$source" --for=condition=Ready --timeout=300s >/dev/null \
     || die "$source is not Ready: kubectl --context $KUBE_CONTEXT -n $NAMESPACE describe $source"
   ok "$source is Ready"
 done
-
-step "MutatingWebhookConfiguration gpu-scheduler"
-k apply -f "$REPO_ROOT/knative/webhook.yaml"
 ca_bundle_injected() {
-  [ -n "$(k get mutatingwebhookconfiguration gpu-scheduler -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]
+  [ -n "$(k get mutatingwebhookconfiguration "$RELEASE" -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]
 }
 wait_until 120 "cert-manager's CA injector to fill caBundle (cert-manager.io/inject-ca-from)" ca_bundle_injected
 ok "caBundle injected"

@@ -2,8 +2,8 @@
 # from the repository root. `make up` does it all in order; see docs/kind.md.
 #   make kind-up  cluster, API server DNS, cert-manager, Knative Serving + Kourier + Eventing
 #   make images   build bind/mutate/check images and load them into the kind nodes
-#   make deploy   RBAC, the two functions (func deploy; DEPLOY_WITH=kubectl for kubectl apply),
-#                 the event sources and the webhook registration
+#   make deploy   the chart (chart/gpu-scheduler) with kind/values.yaml and the loaded images:
+#                 RBAC, the two functions, the event sources and the webhook registration
 #   make check    the seed StatefulSet; writes kind/check-output.txt
 #   make verify   checks every link of the chain, one PASS/FAIL each
 #   make down     deletes the cluster
@@ -13,10 +13,9 @@ KIND_FUNCTION_TAG ?= dev
 BIND_IMAGE ?= $(KIND_REGISTRY)/gpu-scheduler-bind:$(KIND_FUNCTION_TAG)
 MUTATE_IMAGE ?= $(KIND_REGISTRY)/gpu-scheduler-mutate:$(KIND_FUNCTION_TAG)
 CHECK_IMAGE ?= $(KIND_REGISTRY)/gpu-scheduler-check:latest
-DEPLOY_WITH ?= func
 
 KIND_ENV = KIND_CLUSTER='$(KIND_CLUSTER)' BIND_IMAGE='$(BIND_IMAGE)' MUTATE_IMAGE='$(MUTATE_IMAGE)' \
-	CHECK_IMAGE='$(CHECK_IMAGE)' DEPLOY_WITH='$(DEPLOY_WITH)'
+	CHECK_IMAGE='$(CHECK_IMAGE)'
 KIND_MAKE = $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST))
 
 .PHONY: up kind-up images deploy check verify down

@@ -4,8 +4,9 @@
 
 KIND_CLUSTER="${KIND_CLUSTER:-gpu-scheduler}"
 NAMESPACE="${NAMESPACE:-gpu-scheduler}"
+RELEASE="${RELEASE:-gpu-scheduler}"   # the Helm release, and the webhook configuration's name
 # One Knative release train, v1.21: each repository's newest v1.21 patch that the offline tests
-# validate against (../shared/k8s-schemas/README.md: Serving knative-v1.21.3, Eventing
+# validate against (tests/fixtures/k8s-schemas/README.md: Serving knative-v1.21.3, Eventing
 # knative-v1.21.4). Knative tags patch releases per repository, so the numbers differ.
 SERVING_VERSION="${SERVING_VERSION:-knative-v1.21.3}"
 KOURIER_VERSION="${KOURIER_VERSION:-knative-v1.21.0}"
@@ -16,6 +17,11 @@ MUTATE_IMAGE="${MUTATE_IMAGE:-kind.local/gpu-scheduler-mutate:dev}"
 CHECK_IMAGE="${CHECK_IMAGE:-kind.local/gpu-scheduler-check:latest}"
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# helm: the one on PATH, else the one `make controlplane` built (localcp/build-helm.sh).
+if ! command -v helm >/dev/null 2>&1; then
+  built_helm="$(bash "$REPO_ROOT/localcp/build-helm.sh" --path)"
+  [ ! -x "$built_helm" ] || PATH="$(dirname "$built_helm"):$PATH"
+fi
 KUBE_CONTEXT="kind-${KIND_CLUSTER}"
 CONTROL_PLANE="${KIND_CLUSTER}-control-plane"   # the node container's name
 
@@ -43,13 +49,15 @@ tool_version() {
     kubectl) kubectl version --client -o json 2>/dev/null | grep -m1 '"gitVersion"' ;;
     kn) kn version 2>/dev/null | grep -m1 -i 'version' ;;
     func) func version 2>/dev/null | head -n1 ;;
+    helm) helm version --short 2>/dev/null ;;
     python3) python3 --version 2>&1 ;;
     *) "$1" --version 2>/dev/null | head -n1 ;;
   esac
 }
 
 # Minimum versions: the node image digest in kind/cluster.yaml was built by kind v0.30.0;
-# kubectl within one minor of the cluster's 1.34; kn and func from the same Knative train.
+# kubectl within one minor of the cluster's 1.34; kn and func from the same Knative train;
+# helm 3.14 or newer (the tests use the v3.22.0 localcp/build-helm.sh builds).
 min_version() {
   case "$1" in
     docker) echo 20.10.0 ;;
@@ -57,6 +65,7 @@ min_version() {
     kubectl) echo 1.33.0 ;;
     kn) echo 1.21.0 ;;
     func) echo 1.21.0 ;;
+    helm) echo 3.14.0 ;;
     python3) echo 3.9.0 ;;
     *) echo 0 ;;
   esac

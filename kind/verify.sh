@@ -138,7 +138,7 @@ if [ -z "$bundle" ]; then
 elif [ "$(printf '%s' "$bundle" | base64 -d 2>/dev/null)" = "$(printf '%s' "$ca" | base64 -d 2>/dev/null)" ]; then
   pass "caBundle is the CA of knative-selfsigned-issuer"
 else
-  fail "caBundle is not the CA in secret cert-manager/knative-selfsigned-ca" "was the CA re-created? re-apply knative/webhook.yaml"
+  fail "caBundle is not the CA in secret cert-manager/knative-selfsigned-ca" "was the CA re-created? rerun make deploy"
 fi
 
 step "7. The API server calls mutate (server-side dry run of an annotated pod)"
@@ -175,7 +175,7 @@ for source in apiserversource/pod-events pingsource/resync; do
   else
     fail "$source is not Ready (Ready=${ready:-?}, sink '${sink:-none}')" \
       "kn source list -n $NAMESPACE; $kc -n $NAMESPACE describe $source" \
-      "ApiServerSource: the pod-events account needs get/list/watch pods cluster-wide (knative/rbac.yaml)"
+      "ApiServerSource: the pod-events account needs get/list/watch pods cluster-wide (chart/gpu-scheduler/templates/rbac.yaml)"
   fi
 done
 

@@ -1,6 +1,8 @@
 """The KinD + Knative deployment, checked offline: every manifest against its published schema
 (unknown fields are errors), RBAC against gpu_scheduler.permissions, the Dockerfiles, the scripts,
 and the names that tie the pieces together. Each validator is also shown to catch a typo.
+knative/*.yaml and functions/*/func.yaml are rendered from the chart (`make manifests`);
+tests/test_chart.py checks the chart itself with other values, and that they do not drift.
 
 What needs a real cluster (DNS from the API server, TLS through Kourier, event delivery) is
 checked by `make verify` instead; see docs/kind.md.
@@ -29,7 +31,7 @@ NAMESPACE = "gpu-scheduler"
 YAML_FILES = sorted([*KNATIVE.glob("*.yaml"), *KIND.rglob("*.yaml"), *(REPO / "check").glob("*.yaml"),
                      *(REPO / "functions").glob("*/func.yaml")])
 # Kubernetes objects; kind/cluster.yaml (kind's own config) and the kubeadm patch are checked apart.
-NOT_OBJECTS = {KIND / "cluster.yaml", KIND / "patches" / "kube-apiserver+strategic.yaml",
+NOT_OBJECTS = {KIND / "cluster.yaml", KIND / "patches" / "kube-apiserver+strategic.yaml", KIND / "values.yaml",
                REPO / "functions" / "bind" / "func.yaml", REPO / "functions" / "mutate" / "func.yaml"}
 MANIFESTS = [path for path in YAML_FILES if path not in NOT_OBJECTS]
 FUNCTIONS = ("bind", "mutate")
@@ -216,41 +218,50 @@ def test_check_map_names_only_kind_nodes():
 
 
 # -- RBAC ------------------------------------------------------------------------------------
-def account_grants(account: str) -> set[tuple[str, str, str]]:
-    """Everything the manifests grant ServiceAccount gpu-scheduler/<account>."""
-    rbac = objects(KNATIVE / "rbac.yaml")
-    roles = {(doc["kind"], doc["metadata"]["name"]): doc for doc in rbac if doc["kind"] in ("ClusterRole", "Role")}
-    result = set()
-    for binding in (doc for doc in rbac if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")):
-        if {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in binding["subjects"]:
-            role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
-            result |= granted(role["rules"])
+def account_grants(account: str, docs: list[dict] | None = None,
+                   namespace: str = NAMESPACE) -> dict[str, set[tuple[str, str, str]]]:
+    """What `docs` (knative/rbac.yaml by default) grant ServiceAccount <namespace>/<account>, by
+    where it applies: "cluster" for ClusterRoleBindings, the namespace of each RoleBinding."""
+    docs = objects(KNATIVE / "rbac.yaml") if docs is None else docs
+    roles = {(doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"]): doc
+             for doc in docs if doc["kind"] in ("ClusterRole", "Role")}
+    result: dict[str, set] = {}
+    for binding in (doc for doc in docs if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if {"kind": "ServiceAccount", "name": account, "namespace": namespace} in binding["subjects"]:
+            where = binding["metadata"].get("namespace")
+            role_kind = binding["roleRef"]["kind"]
+            role = roles[(role_kind, where if role_kind == "Role" else None, binding["roleRef"]["name"])]
+            result.setdefault(where or "cluster", set()).update(granted(role["rules"]))
     return result
 
 
 def test_bind_is_granted_exactly_permissions_bind():
-    assert account_grants(ksvc("bind")["spec"]["template"]["spec"]["serviceAccountName"]) == permissions.BIND
-    assert account_grants(func_yaml("bind")["deploy"]["serviceAccountName"]) == permissions.BIND
+    """permissions.BIND everywhere (a ClusterRole), BIND_RECORDS in its own namespace (a Role)."""
+    expected = {"cluster": permissions.BIND, NAMESPACE: permissions.BIND_RECORDS}
+    assert account_grants(ksvc("bind")["spec"]["template"]["spec"]["serviceAccountName"]) == expected
+    assert account_grants(func_yaml("bind")["deploy"]["serviceAccountName"]) == expected
 
 
 def test_event_source_is_granted_exactly_permissions_event_source():
     source = find("ApiServerSource", "pod-events")
-    assert account_grants(source["spec"]["serviceAccountName"]) == permissions.EVENT_SOURCE
+    assert account_grants(source["spec"]["serviceAccountName"]) == {"cluster": permissions.EVENT_SOURCE}
 
 
 def test_mutate_is_granted_nothing():
     account = ksvc("mutate")["spec"]["template"]["spec"]["serviceAccountName"]
     assert account == func_yaml("mutate")["deploy"]["serviceAccountName"]
-    assert account_grants(account) == set()
+    assert account_grants(account) == {}
     assert find("ServiceAccount", account)["automountServiceAccountToken"] is False
 
 
-def test_rbac_is_only_cluster_scoped_roles_on_our_accounts():
-    """No Role/RoleBinding elsewhere, every binding names a ServiceAccount that exists."""
+def test_rbac_binds_only_our_accounts_and_roles_only_in_our_namespace():
+    """Every binding names a ServiceAccount that exists; Roles and RoleBindings (bind's records)
+    only in gpu-scheduler's own namespace."""
     accounts = {doc["metadata"]["name"] for doc in objects() if doc["kind"] == "ServiceAccount"}
     for doc in objects():
-        assert doc["kind"] not in ("Role", "RoleBinding"), "ClusterRoles only: pods of every namespace"
-        if doc["kind"] == "ClusterRoleBinding":
+        if doc["kind"] in ("Role", "RoleBinding"):
+            assert doc["metadata"]["namespace"] == NAMESPACE
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
             assert all(s["namespace"] == NAMESPACE and s["name"] in accounts for s in doc["subjects"])
 
 
@@ -329,7 +340,9 @@ def test_func_yaml_and_knative_service_agree(name):
     assert fn["deploy"]["healthEndpoints"] == {"liveness": container["livenessProbe"]["httpGet"]["path"],
                                                "readiness": container["readinessProbe"]["httpGet"]["path"]}
     labels = {label["key"]: label["value"] for label in fn["deploy"]["labels"]}
-    assert labels == service["metadata"]["labels"] == {"networking.knative.dev/visibility": "cluster-local"}
+    assert labels == {"networking.knative.dev/visibility": "cluster-local"}
+    assert service["metadata"]["labels"]["networking.knative.dev/visibility"] == "cluster-local"
+    assert fn["deploy"]["options"]["resources"] == container["resources"]
     scale = fn["deploy"]["options"]["scale"]
     annotations = template["metadata"]["annotations"]
     assert (str(scale["min"]), str(scale["max"])) == (annotations["autoscaling.knative.dev/min-scale"],
@@ -345,7 +358,7 @@ def test_mutate_never_scales_to_zero():
 # localcp/mutate_gunicorn.py reads too.
 @pytest.mark.parametrize("name, variables", [
     ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS"}),
-    ("mutate", {"LOG_LEVEL", "WORKERS", "THREADS"})])
+    ("mutate", {"LOG_LEVEL", "DEVICE_ENV_MODE", "WORKERS", "THREADS"})])
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables
     source = (REPO / "functions" / name / "main.py").read_text()
@@ -441,7 +454,7 @@ def test_prerequisites_cover_every_tool():
     for path in SCRIPTS:
         for line in re.findall(r"^\s*(?:\w+\)\s*)?require ([a-z0-9 ]+?)\s*(?:;;)?$", path.read_text(), re.M):
             required |= set(line.split())
-    assert {"docker", "kind", "kubectl", "kn", "func"} <= required
+    assert {"docker", "kind", "kubectl", "kn", "helm"} <= required
 
 
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed")

@@ -47,7 +47,8 @@ if DEVICE_ENV_MODE not in MODES:
     raise SystemExit(f"DEVICE_ENV_MODE={DEVICE_ENV_MODE!r}: expected one of {', '.join(MODES)}")
 DECISIONS = prom.Counter("gpu_scheduler_admission_decisions_total", "Admission decisions", ["allowed", "reason"])
 ERRORS = prom.Counter("gpu_scheduler_admission_errors_total", "Rejected requests", ["status"])
-LATENCY = prom.Histogram("gpu_scheduler_admission_seconds", "Time to decide one AdmissionReview",
+# _duration_seconds, as the API server's own apiserver_admission_webhook_admission_duration_seconds.
+LATENCY = prom.Histogram("gpu_scheduler_admission_duration_seconds", "Time to decide one AdmissionReview",
                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
 
 def _error(status, message):

@@ -1,0 +1,92 @@
+{{/* The namespace of every namespaced object: namespace.name, else the release's. */}}
+{{- define "gpu-scheduler.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
+{{/* Prefix of the cluster-scoped objects (ClusterRoles, their bindings, the webhook
+configuration): the release name, with the chart's name unless it already holds it. */}}
+{{- define "gpu-scheduler.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpu-scheduler.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* image REPOSITORY:TAG of one function: include "gpu-scheduler.image" (list . "bind") */}}
+{{- define "gpu-scheduler.image" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $image := (index $root.Values $name).image -}}
+{{- $repository := required (printf "%s.image.repository: the image built from Dockerfile.%s, in a registry the nodes pull from" $name $name) $image.repository -}}
+{{- printf "%s:%s" $repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+
+{{/* The sink both event sources send to: the Knative Service bind. */}}
+{{- define "gpu-scheduler.sink" -}}
+sink:
+  ref:
+    apiVersion: serving.knative.dev/v1
+    kind: Service
+    name: bind
+    namespace: {{ include "gpu-scheduler.namespace" . }}
+  {{- with .Values.sink.caCerts }}
+  # The adapters trust this CA for bind's https address (cluster-local-domain-tls).
+  CACerts: |
+    {{- . | trim | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* What every function container shares: probes on functions-framework's health paths, and a
+non-root, read-only container with no capabilities (the images set TMPDIR=/dev/shm for gunicorn). */}}
+{{- define "gpu-scheduler.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /health/liveness
+readinessProbe:
+  httpGet:
+    path: /health/readiness
+{{- end -}}
+
+{{- define "gpu-scheduler.securityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+{{- end -}}
+
+{{/* mutate's environment, for its container and the TLS one of webhook.path direct-service. */}}
+{{- define "gpu-scheduler.mutateEnv" -}}
+- name: LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: DEVICE_ENV_MODE
+  value: {{ .Values.deviceEnvMode | quote }}
+# functions-framework's server settings
+- name: WORKERS
+  value: {{ .Values.mutate.workers | quote }}
+- name: THREADS
+  value: {{ .Values.mutate.threads | quote }}
+{{- with .Values.mutate.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Knative's scale bounds of one function: include "gpu-scheduler.scale" (list . "bind") */}}
+{{- define "gpu-scheduler.scale" -}}
+{{- $name := index . 1 -}}
+{{- $scale := (index (index . 0).Values $name).scale -}}
+{{- if gt (int $scale.min) (int $scale.max) -}}
+{{- fail (printf "%s.scale: min %v is above max %v" $name $scale.min $scale.max) -}}
+{{- end -}}
+autoscaling.knative.dev/min-scale: {{ $scale.min | quote }}
+autoscaling.knative.dev/max-scale: {{ $scale.max | quote }}
+{{- end -}}
