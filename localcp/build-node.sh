@@ -4,18 +4,22 @@
 #   - containerd 1.6, runc 1.1 and the CNI plugins (ptp, host-local, loopback) from Debian
 #     bookworm's containerd, runc and containernetworking-plugins, unpacked with dpkg -x through a
 #     private apt state: nothing is installed, no service unit or /etc/containerd is written.
-#   - The check image's base: a Debian bookworm root filesystem with python3-minimal, made by
-#     Debian's mmdebstrap (also only unpacked, run from the cache) as a tar. localcp/images.py
-#     layers check/check.py on it as Dockerfile.check says.
+#   - The images' base, the stand-in for their FROM python:3.11.x-slim-bookworm: a Debian bookworm
+#     root filesystem with python3, dash (the /bin/sh that RUN runs) and python3-venv (the venv and ensurepip modules, with Debian's
+#     pip and setuptools wheels, which Dockerfile.bind and Dockerfile.mutate's `python -m venv`
+#     needs), made by Debian's mmdebstrap (also only unpacked, run from the cache) as a tar.
+#     localcp/images.py applies Dockerfile.check, .bind and .mutate to it.
+# Each piece is built when it is missing, independently of the other.
 set -euo pipefail
 SUITE=bookworm
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
 NODE_DIR="$CACHE/node-$SUITE"
 BINARIES=(bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc cni/ptp cni/host-local cni/loopback)
-ROOTFS="$NODE_DIR/rootfs-python3-minimal.tar"
+ROOTFS="$NODE_DIR/rootfs-python3.tar"
 
 log() { echo "nodes: $*"; }
-have_node() { for b in "${BINARIES[@]}"; do [ -x "$NODE_DIR/$b" ] || return 1; done; [ -s "$ROOTFS" ]; }
+have_binaries() { for b in "${BINARIES[@]}"; do [ -x "$NODE_DIR/$b" ] || return 1; done; }
+have_node() { have_binaries && [ -s "$ROOTFS" ]; }
 if have_node; then log "cached: $NODE_DIR"; exit 0; fi
 
 for tool in apt-get dpkg perl; do
@@ -26,20 +30,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
 
 start=$SECONDS
 fetch="$NODE_DIR/fetch"
-rm -rf "$NODE_DIR"; mkdir -p "$NODE_DIR/bin" "$NODE_DIR/cni"
-log "containerd, runc, CNI plugins and mmdebstrap from Debian $SUITE (private apt state in $fetch)"
-debian_unpack "$SUITE" "$fetch" containerd runc containernetworking-plugins mmdebstrap
-root="$fetch/root"
-cp "$root/usr/bin/containerd" "$root/usr/bin/containerd-shim-runc-v2" "$root/usr/bin/ctr" \
-   "$root/usr/sbin/runc" "$NODE_DIR/bin/"
-cp "$root/usr/lib/cni/ptp" "$root/usr/lib/cni/host-local" "$root/usr/lib/cni/loopback" "$NODE_DIR/cni/"
-log "$("$NODE_DIR/bin/containerd" --version), $("$NODE_DIR/bin/runc" --version | head -1) in $((SECONDS - start))s"
+rm -rf "$fetch"; mkdir -p "$NODE_DIR/bin" "$NODE_DIR/cni"
+if have_binaries; then
+  log "cached: containerd, runc, CNI plugins; mmdebstrap from Debian $SUITE (private apt state in $fetch)"
+  debian_unpack "$SUITE" "$fetch" mmdebstrap
+else
+  log "containerd, runc, CNI plugins and mmdebstrap from Debian $SUITE (private apt state in $fetch)"
+  debian_unpack "$SUITE" "$fetch" containerd runc containernetworking-plugins mmdebstrap
+  root="$fetch/root"
+  cp "$root/usr/bin/containerd" "$root/usr/bin/containerd-shim-runc-v2" "$root/usr/bin/ctr" \
+     "$root/usr/sbin/runc" "$NODE_DIR/bin/"
+  cp "$root/usr/lib/cni/ptp" "$root/usr/lib/cni/host-local" "$root/usr/lib/cni/loopback" "$NODE_DIR/cni/"
+  log "$("$NODE_DIR/bin/containerd" --version), $("$NODE_DIR/bin/runc" --version | head -1) in $((SECONDS - start))s"
+fi
 
 # extract: the packages and their dependencies unpacked, no maintainer scripts, no chroot; python
-# runs from it as it is (44 MB instead of the essential variant's 164 MB).
-log "check image base: mmdebstrap --variant=extract --include=python3-minimal $SUITE"
-PATH=/usr/sbin:/usr/bin:/sbin:/bin perl "$root/usr/bin/mmdebstrap" --quiet --variant=extract \
-  --include=python3-minimal --mode=root --format=tar "$SUITE" "$ROOTFS.part" "$(debian_source "$SUITE")"
+# runs from it as it is.
+log "images' base: mmdebstrap --variant=extract --include=python3,python3-venv,dash $SUITE"
+PATH=/usr/sbin:/usr/bin:/sbin:/bin perl "$fetch/root/usr/bin/mmdebstrap" --quiet --variant=extract \
+  --include=python3,python3-venv,dash --mode=root --format=tar "$SUITE" "$ROOTFS.part" "$(debian_source "$SUITE")"
 mv "$ROOTFS.part" "$ROOTFS"
 rm -rf "$fetch"
 have_node || { log "the build finished without every piece in $NODE_DIR"; exit 1; }

@@ -25,6 +25,8 @@ have_k8s() { for b in "${COMPONENTS[@]}"; do [ -x "$BIN/$b" ] || return 1; done;
 have_etcd() { [ -x "$ETCD_DIR/bin/etcd" ]; }
 # Real nodes: containerd, runc, CNI plugins and the check image's base (a sibling script).
 bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
+# helm, for the chart (chart/gpu-scheduler): here rather than last, as the line below exits early.
+bash "$(dirname "${BASH_SOURCE[0]}")/build-helm.sh"
 if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
 
 for tool in go python3 apt-get dpkg; do

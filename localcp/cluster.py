@@ -73,6 +73,7 @@ class ControlPlane:
     def __init__(self, workdir: Path | None = None, kubelets: dict[str, str] | None = None):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpu-scheduler-cp-"))
         self.kubelets = kubelets or {}
+        self.apiserver_flags: list[str] = []  # more kube-apiserver flags (the in-cluster stack's)
         self.processes: dict[str, subprocess.Popen] = {}
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -124,9 +125,10 @@ class ControlPlane:
             process.kill()
             process.wait(timeout=5)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               cwd: str | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                    start_new_session=True)
         self.processes[name] = process
         return process
@@ -154,7 +156,8 @@ class ControlPlane:
         d = self.workdir
         self.ca = pki.make_ca(d)
         self.serving = pki.make_cert(d, "apiserver", self.ca, "/CN=kube-apiserver",
-                                     sans=("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc"))
+                                     sans=("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc",
+                                           "IP:10.96.0.1"))  # the kubernetes Service, as pods reach it
         self.admin = pki.make_cert(d, "admin", self.ca, "/O=system:masters/CN=admin", client=True)
         self.sa_key = pki.make_rsa_key(d / "sa.key")
         self.kubeconfig.write_text(self.kubeconfig_text(user={
@@ -224,6 +227,7 @@ class ControlPlane:
             "--endpoint-reconciler-type", "none", "--profiling=false", "--v=1",
             # logs, exec: the API server calls kubelets with the admin client certificate
             "--kubelet-client-certificate", str(self.admin[1]), "--kubelet-client-key", str(self.admin[0]),
+            *self.apiserver_flags,
         ]
         if self.kubelets:
             argv = self._with_node_hosts(argv + ["--kubelet-preferred-address-types", "Hostname"])

@@ -1,7 +1,7 @@
 """What Knative Eventing's ApiServerSource receive adapter sends, reproduced over a real watch.
 
 The adapter itself cannot be built here, so this stands in for it, held to captures of the real
-one (knative-v1.21.4 watching kube-apiserver 1.34.0, ../shared/sample-events/k8s-1.34/) and to
+one (knative-v1.21.4 watching kube-apiserver 1.34.0, tests/fixtures/sample-events/k8s-1.34/) and to
 the delivery policy measured there (its README):
 - configured like the adapter: from the ApiServerSource in knative/sources.yaml, turned into the
   adapter's K_SOURCE_CONFIG (`source_config`) the way Knative's reconciler does it; a source it

@@ -10,7 +10,10 @@ Each node keeps everything it changes to itself, and nothing outlives the stack:
   values it wants. Every mount dies with the namespace.
 - A network namespace per node (the holder's) is the "host" side of its pods' network: the ptp
   CNI plugin runs inside it, so the pod veth pairs, their gateway addresses and the IP forwarding
-  it enables live there and not on the machine. Nothing sends pods traffic.
+  it enables live there and not on the machine. Pods route the Service range (10.96.0.0/16) to
+  their gateway there, and the namespace's loopback holds the kubernetes Service's address
+  (10.96.0.1): in the in-cluster stack, localcp/podnet.py listens there for the API server.
+  Nothing else sends pods traffic.
 - Its own directory under the stack's run directory: containerd root, state, socket, config,
   CNI configuration and IPAM state, the kubelet's root, pod logs and certificates.
 - Its own cgroup root (/gpu-scheduler-<run>-<node> in each v1 hierarchy), created before the
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from . import images, pki
 from .cluster import BIN, NODES, ControlPlane, ProcessFailed, free_port
+from .podnet import KUBERNETES_SERVICE, SERVICE_RANGE
 
 NODE_BIN = images.NODE_DIR / "bin"
 CNI_BIN = images.NODE_DIR / "cni"
@@ -119,8 +123,10 @@ class Node:
             fake = self.dir / "sysctl" / tunable.replace("/", ".")
             fake.write_text(value + "\n")
             mounts.append(f"mount --bind {fake} /proc/sys/{tunable}")
+        # The namespace's own loopback, with the kubernetes Service's address (see the docstring).
+        network = ["ip link set lo up", f"ip address add {KUBERNETES_SERVICE[0]}/32 dev lo"]
         ready = self.dir / "holder.ready"
-        script = " && ".join(["set -e", *mounts, f"touch {ready}", "exec sleep infinity"])
+        script = " && ".join(["set -e", *mounts, *network, f"touch {ready}", "exec sleep infinity"])
         self.holder = self.cp._spawn(f"node-{self.name}", [
             "unshare", "--mount", "--propagation", "slave", "--net", "--", "sh", "-c", script])
         self.cp._wait(f"node-{self.name}", ready.exists, "mount and network namespace", timeout=10)
@@ -153,7 +159,16 @@ class Node:
             "cniVersion": "0.4.0", "name": f"gpu-scheduler-{self.name}",
             "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {
                 "type": "host-local", "dataDir": str(self.dir / "cni-ipam"),
-                "ranges": [[{"subnet": f"10.244.{self.index}.0/24"}]]}}]}))
+                "ranges": [[{"subnet": self.pod_range}]], "routes": [{"dst": SERVICE_RANGE}]}}]}))
+
+    @property
+    def pod_range(self) -> str:
+        return f"10.244.{self.index}.0/24"
+
+    @property
+    def netns(self) -> str:
+        """The node's network namespace (its holder's), while the node runs."""
+        return f"/proc/{self.holder.pid}/ns/net"
 
     def _start_containerd(self) -> None:
         d = self.dir
@@ -310,10 +325,11 @@ def _cgroup(pid: int) -> str:
 class Nodes:
     """node1..node4 as real nodes of one control plane."""
 
-    def __init__(self, cp: ControlPlane, names=NODES):
+    def __init__(self, cp: ControlPlane, names=NODES, extra_images: tuple[images.Image, ...] = ()):
         self.cp = cp
         self.pause = images.pause_image()
         self.check = images.check_image()
+        self.extra_images = list(extra_images)
         self.nodes = {name: Node(cp, name, address, i + 1, self.pause)
                       for i, (name, address) in enumerate(node_addresses(names).items())}
 
@@ -327,7 +343,7 @@ class Nodes:
 
             def runtime(node: Node) -> None:
                 try:
-                    node.start_runtime([self.pause, self.check])
+                    node.start_runtime([self.pause, self.check, *self.extra_images])
                 except BaseException as error:  # reported below, after the others finished
                     errors.append(error)
             threads = [threading.Thread(target=runtime, args=(n,)) for n in self.nodes.values()]

@@ -2,6 +2,13 @@
 bind as the event sink, and the ApiServerSource stand-in between them.
 
     with LocalStack() as stack: ...   # everything started; everything stopped on exit
+
+By default bind and mutate run as processes of this machine, beside the control plane, from the
+source tree (bind with a kubeconfig holding a bound token of its ServiceAccount). With
+in_cluster=True they run as pods on the real nodes, from their images (localcp/images.py), as
+Knative would run them (localcp/incluster.py): bind reads the API with its pod's ServiceAccount
+token, and the API server calls mutate through its Service (localcp/podnet.py says how the
+traffic flows without leaving the machine's loopback and the stack's own network namespaces).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-from . import pki
+from . import images, incluster, pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
 from .eventsource import ApiServerSource, Sender, ping_headers
 from .nodes import Nodes, node_addresses
@@ -29,12 +36,15 @@ BIND_ACCOUNT = ("gpu-scheduler", "bind")
 
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
-                 **source_options):
+                 in_cluster: bool = False, **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
-        Pending (enough for placement, and cheap for hundreds of pods)."""
+        Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
+        mutate run as pods on those real nodes (see the module's docstring)."""
+        real_nodes = real_nodes or in_cluster
         self.cp = ControlPlane(kubelets=node_addresses() if real_nodes else None)
         self.real_nodes = real_nodes
+        self.in_cluster = in_cluster
         self.nodes: Nodes | None = None
         self.webhook = webhook
         self.event_source = event_source
@@ -43,18 +53,31 @@ class LocalStack:
         self.mutate_port = free_port()
         self.bind_port = free_port()
         self.mutate_url = f"https://127.0.0.1:{self.mutate_port}"
-        self.bind_url = f"http://127.0.0.1:{self.bind_port}"
+        self.bind_url = f"http://127.0.0.1:{self.bind_port}"  # in_cluster: the bind Service, via podnet
+        if in_cluster:
+            self.podnet_dir = self.cp.workdir / "nodes"
+            self.podnet_dir.mkdir(parents=True, exist_ok=True)
+            egress = self.podnet_dir / "egress.json"
+            egress.write_text(incluster.egress_configuration(self.podnet_dir / "egress.sock"))
+            self.cp.apiserver_flags += ["--egress-selector-config-file", str(egress),
+                                        "--enable-aggregator-routing=true"]
 
     def __enter__(self) -> "LocalStack":
         try:
             self.cp.start()
             if self.real_nodes:
-                self.nodes = Nodes(self.cp).start()
+                functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
+                self.nodes = Nodes(self.cp, extra_images=functions).start()
             self.api = self._admin_api()
-            self._start_mutate()
+            if self.in_cluster:
+                self._start_pod_network()
+                self._deploy_functions()
+            else:
+                self._start_mutate()
             if self.webhook:
                 self.register_webhook()
-            self._start_bind()
+            if not self.in_cluster:
+                self._start_bind()
             if self.event_source:
                 self.start_event_source(**self.source_options)
         except BaseException:
@@ -118,7 +141,10 @@ class LocalStack:
         manifest["metadata"].pop("annotations", None)  # cert-manager's CA injection: not here
         ca_bundle = base64.b64encode(self.webhook_ca[1].read_bytes()).decode()
         for webhook in manifest["webhooks"]:
-            webhook["clientConfig"] = {"url": f"{self.mutate_url}/", "caBundle": ca_bundle}
+            if self.in_cluster:  # the shipped clientConfig.service, mutate's Service
+                webhook["clientConfig"]["caBundle"] = ca_bundle
+            else:
+                webhook["clientConfig"] = {"url": f"{self.mutate_url}/", "caBundle": ca_bundle}
         return manifest
 
     def register_webhook(self) -> None:
@@ -127,11 +153,55 @@ class LocalStack:
     def unregister_webhook(self) -> None:
         self.cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-scheduler", "--ignore-not-found")
 
+    # -- in the cluster ----------------------------------------------------------------------
+    def _start_pod_network(self) -> None:
+        """localcp/podnet.py for these nodes: the kubernetes Service in each node's namespace,
+        the API server's egress, and the bind Service on the machine's loopback (bind_url)."""
+        config, ready = self.podnet_dir / "podnet.json", self.podnet_dir / "podnet.ready"
+        config.write_text(json.dumps({
+            "apiserver_port": self.cp.api_port, "server": self.cp.server, "ca": str(self.cp.ca[1]),
+            "cert": str(self.cp.admin[1]), "key": str(self.cp.admin[0]),
+            "nodes": {n.name: {"address": n.address, "netns": n.netns, "pods": n.pod_range}
+                      for n in self.nodes.nodes.values()},
+            "egress_socket": str(self.podnet_dir / "egress.sock"), "ready": str(ready),
+            "services": [{"namespace": incluster.NAMESPACE, "name": "bind", "port": self.bind_port}]}))
+        self.cp._spawn("podnet", [PYTHON, "-m", "localcp.podnet", str(config)],
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.cp._wait("podnet", ready.exists, "its listeners", timeout=20)
+
+    def _deploy_functions(self, timeout: float = 180) -> None:
+        """bind and mutate as Deployments and Services (localcp/incluster.py), with the accounts
+        and RBAC of knative/rbac.yaml, ready: each Service has a ready endpoint."""
+        self._apply_accounts()
+        self.webhook_ca = pki.make_ca(self.cp.workdir, "webhook-ca")
+        host = f"mutate.{incluster.NAMESPACE}.svc"  # the name the API server checks for a Service
+        key, crt = pki.make_cert(self.cp.workdir, "mutate", self.webhook_ca, f"/CN={host}",
+                                 sans=(f"DNS:{host}", f"DNS:{host}.cluster.local"))
+        self.apply(incluster.tls_secret(key, crt))
+        for name in ("bind", "mutate"):
+            self.apply(incluster.deployment(name))
+            self.apply(incluster.service(name))
+
+        def ready() -> bool:
+            return all(self.ready_endpoints(name) for name in ("bind", "mutate"))
+        try:
+            self.wait_for(ready, timeout, "bind and mutate ready in the cluster", interval=1)
+        except TimeoutError as error:
+            pods = self.cp.kubectl("get", "pods", "-n", incluster.NAMESPACE, "-o", "wide", check=False).stdout
+            events = self.cp.kubectl("get", "events", "-n", incluster.NAMESPACE, check=False).stdout
+            raise ProcessFailed(f"{error}\n{pods}\n{events[-3000:]}") from None
+
+    def ready_endpoints(self, name: str) -> list[str]:
+        """The ready addresses of a Service of ours, from its EndpointSlices."""
+        slices = json.loads(self.cp.get(f"/apis/discovery.k8s.io/v1/namespaces/{incluster.NAMESPACE}/endpointslices"
+                                        f"?labelSelector=kubernetes.io/service-name={name}"))["items"]
+        return [e["addresses"][0] for s in slices for e in s.get("endpoints") or []
+                if e.get("conditions", {}).get("ready")]
+
     # -- bind ------------------------------------------------------------------------------
-    def _bind_kubeconfig(self) -> Path:
-        """bind runs as its own ServiceAccount, with the RBAC that knative/ ships (which
-        tests/test_manifests.py holds equal to permissions.BIND): every test then shows that
-        the shipped grant is enough."""
+    def _apply_accounts(self) -> None:
+        """The namespace, accounts and RBAC that knative/ ships (tests/test_manifests.py holds
+        them equal to gpu_scheduler/permissions.py): every test then shows the grant is enough."""
         namespace, name = BIND_ACCOUNT
         for manifest in ("namespace.yaml", "rbac.yaml"):
             self.cp.kubectl("apply", "-f", str(REPO / "knative" / manifest))
@@ -140,7 +210,11 @@ class LocalStack:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"ServiceAccount {namespace}/{name} missing after applying knative/rbac.yaml")
             time.sleep(0.2)
-        token = self.cp.service_account_token(namespace, name)
+
+    def _bind_kubeconfig(self) -> Path:
+        """bind runs as its own ServiceAccount, with a bound token of it."""
+        self._apply_accounts()
+        token = self.cp.service_account_token(*BIND_ACCOUNT)
         path = self.cp.workdir / "bind.kubeconfig"
         path.write_text(self.cp.kubeconfig_text(user={"token": token}))
         return path
@@ -149,13 +223,15 @@ class LocalStack:
         self.bind_kubeconfig = self._bind_kubeconfig()
         self.start_bind("bind", self.bind_port)
 
-    def start_bind(self, name: str, port: int, tree: Path = REPO) -> str:
+    def start_bind(self, name: str, port: int, tree: Path = REPO, kubeconfig: Path | None = None) -> str:
         """bind from `tree` (its functions/ and core, e.g. an older revision's), served by
-        functions-framework as the bind account, ready; its URL. Stopped with the stack."""
+        functions-framework as the bind account (or as `kubeconfig` says: an older revision needs
+        its own grant), ready; its URL. Stopped with the stack."""
         self.cp._spawn(name, [
             PYTHON, "-m", "functions_framework", "--target", "bind", "--source",
             str(tree / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(port),
-        ], env={**self._function_env(KUBECONFIG=str(self.bind_kubeconfig)), "PYTHONPATH": str(tree)})
+        ], env={**self._function_env(KUBECONFIG=str(kubeconfig or self.bind_kubeconfig)), "PYTHONPATH": str(tree)},
+           cwd=str(tree))  # `python -m` puts the working directory first on sys.path: the tree's core, not ours
         url = f"http://127.0.0.1:{port}"
         self.cp._wait(name, lambda: self._get(f"{url}/health/readiness") == 200, "/health/readiness")
         return url

@@ -1,6 +1,6 @@
 """The ApiServerSource stand-in is held to Knative's adapter: its configuration comes from
 knative/sources.yaml as the adapter's K_SOURCE_CONFIG; what it sends for the same pod operations
-is compared with the adapter's captures (../shared/sample-events/k8s-1.34/) header by header and
+is compared with the adapter's captures (tests/fixtures/sample-events/k8s-1.34/) header by header and
 body field by field, ids and times aside; its delivery follows the policy measured there."""
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The check image built here without Docker has the content that kind/images.sh builds from
-Dockerfile.check (both read that one file), and images are cached by content."""
+"""The images built here without Docker (check, bind, mutate) have the content that
+kind/images.sh builds from their Dockerfiles (both read those files), what the builder cannot
+honour is refused with its line, and images are cached by content."""
 from __future__ import annotations
 
 import io
@@ -34,19 +35,65 @@ def test_the_pod_runs_as_the_image_user_under_the_name_kind_builds():
     assert images.image_name_in_manifest() == kind_mk_variables()["CHECK_IMAGE"]
 
 
+def test_the_function_dockerfiles_read_as_docker_reads_them():
+    for name in ("bind", "mutate"):
+        spec = images.read_dockerfile(REPO / f"Dockerfile.{name}")
+        build = spec.stages["build"]
+        assert spec.parent is spec.stages["base"] and build.parent is spec.stages["base"]
+        assert [s.command for s in build.steps if s.op == "RUN"][0] == "python -m venv /opt/venv"
+        assert [(s.stage, s.source, s.dest) for s in spec.steps] == [
+            ("build", "/opt/venv", "/opt/venv"), ("", f"functions/{name}", f"/app/functions/{name}")]
+        assert spec.env["PATH"] == "/opt/venv/bin:" + images.DEFAULT_PATH  # ENV PATH=/opt/venv/bin:$PATH
+        assert spec.env["TMPDIR"] == "/dev/shm" and spec.env["PIP_NO_CACHE_DIR"] == "1"  # inherited from base
+        assert (spec.workdir, spec.user, spec.exposed) == ("/app", "65532:65532", ["8080/tcp"])
+        assert spec.entrypoint[:3] == ["functions-framework", "--target", name]
+        # The build context is the repository less .dockerignore: no func.yaml, no bytecode.
+        assert "func.yaml" not in [rel for rel, _ in images.context_files(f"functions/{name}")]
+        assert images.in_context("gpu_scheduler/schedmap.py") and not images.in_context("gpu_scheduler/__pycache__/x.pyc")
+        assert not images.in_context("tests/test_images.py") and not images.in_context(".venv/bin/python")
+
+
 @pytest.mark.parametrize("text, message", [
-    ("FROM python:3.11.13-slim-bookworm\nRUN pip install x\n", "line 2: RUN is not supported"),
+    ("FROM python:3.11.13-slim-bookworm\nRUN pip install x\n", "line 2: RUN in a stage the image is built from"),
+    ("FROM python:3.11.13-slim-bookworm\nADD x /x\n", "line 2: ADD is not supported"),
+    ("FROM python:3.11.13-slim-bookworm\nRUN [\"true\"]\n", "line 2: RUN in JSON (exec) form"),
+    ("FROM python:3.11.13-slim-bookworm\nCOPY --from=build /opt /opt\n", "line 2: COPY --from=build names no earlier stage"),
+    ("FROM python:3.11.13-slim-bookworm\nCOPY tests/conftest.py /app/\n", "line 2: COPY source tests/conftest.py is not in the build context"),
     ("FROM python:3.11.13-slim-bookworm\nCOPY --chown=1 check/check.py /app/\n", "line 2: COPY takes one source"),
     ("FROM python:3.11.13-slim-bookworm\nCOPY nothere.py /app/\n", "line 2: COPY source nothere.py is not a file"),
     ("FROM python:3.11.13-slim-bookworm\nENTRYPOINT python /app/check.py\n", "line 2: ENTRYPOINT must be in JSON"),
-    ("FROM a\nFROM b\n", "line 2: a second FROM"),
-    ("# no image\nUSER 1\n", "no FROM"),
+    ("FROM a b\n", "line 1: FROM takes an image or a stage"),
+    ("# no image\nUSER 1\n", "line 2: USER before FROM"),
+    ("# nothing\n", "no FROM"),
 ])
 def test_a_dockerfile_the_builder_cannot_honour_is_refused_with_its_line(tmp_path, text, message):
     path = tmp_path / "Dockerfile.check"
     path.write_text(text)
     with pytest.raises(images.ImageError, match=re.escape(message)):
         images.read_dockerfile(path)
+
+
+@pytest.mark.parametrize("command, message", [
+    ("pip install flask", "pip install 'flask' is not supported"),
+    ("pip install --upgrade -r /r.txt", "pip install '--upgrade' is not supported"),
+    ("pip install -r /r.txt && pip install -r /r.txt", "a RUN with pip install must be that one command"),
+])
+def test_a_pip_install_the_builder_cannot_feed_is_refused_with_its_line(tmp_path, command, message):
+    (tmp_path / "r.txt").write_text("flask==3.0.0\n")
+    step = images.Step("RUN", "Dockerfile.x line 7", command=command)
+    with pytest.raises(images.ImageError, match=re.escape(f"Dockerfile.x line 7: {message}")):
+        images.pip_requirements(step, tmp_path)
+
+
+def test_a_pip_install_names_what_its_wheelhouse_needs(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "requirements.txt").write_text("# pinned\nflask==3.0.0  # web\n\nPyYAML==6.0.2\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    run = lambda command: images.pip_requirements(images.Step("RUN", "x", command=command), tmp_path)
+    assert run("/opt/venv/bin/pip install --requirement /tmp/requirements.txt") == ["flask==3.0.0", "PyYAML==6.0.2"]
+    assert run("/opt/venv/bin/pip install --no-deps /src") == ["setuptools>=77"]  # its build backend
+    assert run("python -m venv /opt/venv") == []
 
 
 def test_only_a_python_slim_bookworm_base_has_a_local_stand_in():
@@ -74,6 +121,30 @@ def test_the_built_check_image_is_what_dockerfile_check_says():
     names = set(tarfile.open(fileobj=io.BytesIO(base)).getnames())
     minor = images.base_python(spec.base)
     assert {f"./usr/bin/python{minor}", "./usr/bin/python3"} <= names  # the FROM's Python, not another
+
+
+@built
+@pytest.mark.parametrize("name", ["bind", "mutate"])
+def test_the_built_function_image_is_what_its_dockerfile_says(name):
+    spec = images.read_dockerfile(REPO / f"Dockerfile.{name}")
+    image = images.function_image(name)
+    assert image.name == kind_mk_variables()[f"{name.upper()}_IMAGE"]
+    config = image.config()["config"]
+    assert (config["Entrypoint"], config["User"], config["WorkingDir"]) == (spec.entrypoint, spec.user, spec.workdir)
+    assert config["ExposedPorts"] == {"8080/tcp": {}}
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["PATH"].startswith("/opt/venv/bin:") and env["TMPDIR"] == "/dev/shm"
+    base, python_link, venv, app = image.layers()
+    with tarfile.open(fileobj=io.BytesIO(venv)) as layer:
+        names = set(layer.getnames())
+        assert "opt/venv/bin/functions-framework" in names and "opt/venv/pyvenv.cfg" in names
+        assert any(n.startswith("opt/venv/lib/python3.11/site-packages/gpu_scheduler/") for n in names)
+        assert any(n.startswith("opt/venv/lib/python3.11/site-packages/kubeapi/") for n in names) == (name == "bind")
+        assert {m.uid for m in layer.getmembers()} == {0} and {m.mtime for m in layer.getmembers()} == {0}
+    with tarfile.open(fileobj=io.BytesIO(app)) as layer:
+        main = layer.extractfile(f"app/functions/{name}/main.py").read()
+        assert main == (REPO / "functions" / name / "main.py").read_bytes()
+        assert f"app/functions/{name}/func.yaml" not in layer.getnames()  # .dockerignore
 
 
 @built

@@ -144,6 +144,7 @@ def test_scaled_down_and_up_replicas_come_back_on_their_nodes(real_stack, ns):
     assert placement_from_logs(real_stack, ns, pods) == EXPECTED
 
 
+@pytest.mark.controlplane  # its own stack, not the `stack` fixture
 def test_teardown_leaves_nothing_behind():
     """Its own stack, so that its end can be checked: pods deleted first (their containers and
     networks by their kubelets), then kubelets, containerds, shims, mounts, cgroups, namespaces."""

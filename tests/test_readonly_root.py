@@ -25,7 +25,7 @@ cd "$REPO"
 "$PY" -m functions_framework --target "$TARGET" --source "functions/$TARGET/main.py" --port "$PORT" >/dev/shm/log 2>&1 &
 for _ in $(seq 60); do
   code=$("$PY" -c "import urllib.request,sys
-try: print(urllib.request.urlopen('http://127.0.0.1:$PORT/health/readiness', timeout=1).status)
+try: print(urllib.request.urlopen('http://127.0.0.1:$PORT/health/liveness', timeout=1).status)
 except Exception as e: print(getattr(e, 'code', 0))")
   [ "$code" = 200 ] && { kill %1; echo READY; exit 0; }
   sleep 0.2
