@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -17,8 +16,8 @@ from gpu_scheduler.admission import (
 )
 from gpu_scheduler.devices import device_env
 from gpu_scheduler.schedmap import Placement
+from tests.fixtures import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "sample-events"
 SEED = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3\n"
 SEED_DEVICES = {0: "0,1", 1: "2", 2: "0,1,2", 3: "3", 4: "3"}
 # The seed gives device 3 of node4 to both index 3 and index 4: allowed, with a warning.

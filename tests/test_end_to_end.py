@@ -91,23 +91,27 @@ def test_duplicated_events_bind_once(stack, namespace):
         response = sender.http.request("POST", stack.bind_url, body=json.dumps(pod).encode(),
                                        headers=cloudevent_headers("add", pod, stack.cp.server))
         answers.append((response.status, json.loads(response.data)["result"]))
-    assert answers == [(200, "Bound"), (200, "AlreadyBound"), (200, "AlreadyBound")]
+    # bind's own watch may bind it before the first event: each answer is then AlreadyBound (or,
+    # from a copy read after the binding, ignored); never a second Binding.
+    assert [status for status, _ in answers] == [200] * 3
+    assert sum(result == "Bound" for _, result in answers) <= 1
+    assert {result for _, result in answers} <= {"Bound", "AlreadyBound", "ignored"}
     assert stack.pods(namespace)[0]["spec"]["nodeName"] == "node2"
+    from test_faults import scheduled_once
+    scheduled_once(stack, namespace, ["dup-0"])
 
 
-def test_a_pod_the_events_missed_is_placed_by_a_ping(stack, namespace):
+def test_a_pod_the_events_missed_is_placed_without_a_ping(stack, namespace):
+    """bind's own watch of pending pods is what must be placed; a ping is only a check."""
     stack.source.paused = True  # the adapter was down, or never saw the pod
     try:
         stack.apply(statefulset(namespace, replicas=2))
-        stack.wait_for(lambda: len(stack.pods(namespace)) == 2, 30, "2 pods created")
+        pods = stack.wait_bound(namespace, 2, timeout=15)
     finally:
         stack.source.paused = False
-    time.sleep(1)
-    assert not any(p["spec"].get("nodeName") for p in stack.pods(namespace))
-    answer = stack.ping()
-    assert answer["status"] == 200 and answer["outcomes"].get("Bound", 0) >= 2
-    pods = stack.wait_bound(namespace, 2)
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["node1", "node2"]
+    answer = stack.ping()
+    assert answer["status"] == 200 and answer["result"] == "resynced"
 
 
 def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
@@ -119,10 +123,10 @@ def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
     try:
         stack.apply(pod_manifest(namespace, "same-0", "0=node3:0\n"))
         old = stack.pods(namespace)[0]
-        stack.cp.kubectl("delete", "pod", "-n", namespace, "same-0")
+        stack.cp.kubectl("delete", "pod", "-n", namespace, "same-0", "--grace-period=0", "--force")
         stack.apply(pod_manifest(namespace, "same-0", "0=node4:1\n"))
         new = stack.pods(namespace)[0]
-        assert new["metadata"]["uid"] != old["metadata"]["uid"] and not new["spec"].get("nodeName")
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
     finally:
         stack.source.release()
     [pod] = stack.wait_bound(namespace, 1)
@@ -130,7 +134,8 @@ def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
     stack.wait_for(stack.source.idle, 20, "the held events answered")
     answers = [(status, result) for name, status, result in stack.source.sender.results if name == "same-0"]
     assert answers[0] == (200, "PodReplaced"), answers  # the stale add: refused, not retried
-    assert (200, "Bound") in answers and all(status == 200 for status, _ in answers), answers
+    # The new pod's own add: bound by it, or by bind's watch before it came.
+    assert {(200, "Bound"), (200, "AlreadyBound")} & set(answers) and all(status == 200 for status, _ in answers), answers
 
 
 def test_the_api_server_refuses_a_binding_made_from_an_older_version_of_the_pod(stack, namespace):
@@ -138,9 +143,9 @@ def test_the_api_server_refuses_a_binding_made_from_an_older_version_of_the_pod(
     (gpu_scheduler.binding.binding_for); Kubernetes 1.34 honours it: a pod changed since is not
     bound (409), the version it has now is."""
     from kubernetes.client.exceptions import ApiException
-    stack.source.paused = True  # nobody else binds it meanwhile
-    try:
-        stack.apply(pod_manifest(namespace, "versioned-0", "0=node1:0\n"))
+    stack.source.paused = True
+    try:  # a scheduler nobody runs: nobody else binds it meanwhile
+        stack.apply(pod_manifest(namespace, "versioned-0", "0=node1:0\n", scheduler="nobody"))
         [before] = stack.pods(namespace)
         stack.cp.kubectl("annotate", "pod", "-n", namespace, "versioned-0", "changed=yes")
         [after] = stack.pods(namespace)

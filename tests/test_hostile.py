@@ -30,7 +30,7 @@ from gpu_scheduler.schedmap import (
     MAP_CACHE_BYTES, MAX_DEVICES_PER_ENTRY, MAX_ENTRIES, MAX_GPU_INDEX, MAX_MAP_BYTES, MAX_POD_INDEX,
     MapError, Placement, parse_map, parsed_cost,
 )
-from test_placer import NODE, FakeApi, Placer
+from test_placer import NODE, FakeApi, synced_placer
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                             HealthCheck.too_slow])
@@ -312,8 +312,10 @@ def fake_bind(inprocess_apps):
             return inprocess_apps.bind.post(path, data=data, headers=headers, **kwargs)
 
     def install():
-        state["api"] = LiveEcho(read_node=[NODE], bind=[{}], list_pods=[[]])
-        module.placer = Placer(state["api"])
+        state["api"] = LiveEcho(bind=[{}], create_lease=[{}], list_pods=[[]])
+        module.placer = synced_placer(state["api"])
+        # Every node a map names exists, as the fake API's answered before: what is decided is the map.
+        module.placer.views.node = lambda name: {**NODE, "metadata": {"name": name}}
         return state["api"]
 
     yield Client(), install

@@ -31,8 +31,16 @@ RESOURCE = {
     "patch_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events", name],
     "list_events": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],
     "list_pods": lambda ns, name: ["api", "v1", "pods"],
-    "list_pods_and_version": lambda ns, name: ["api", "v1", "pods"],
-    "watch_pods": lambda ns, name: ["api", "v1", "pods"],
+    "list_all_pods": lambda ns, name: ["api", "v1", "pods"],
+    "watch_all_pods": lambda ns, name: ["api", "v1", "pods"],
+    "list_nodes": lambda ns, name: ["api", "v1", "nodes"],
+    "watch_nodes": lambda ns, name: ["api", "v1", "nodes"],
+    "list_leases": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"],
+    "watch_leases": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"],
+    "create_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"],
+    "read_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
+    "update_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
+    "delete_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
     "create_token_review": lambda ns, name: ["apis", "authentication.k8s.io", "v1", "tokenreviews"],
 }
 
@@ -73,7 +81,7 @@ def test_every_call_is_covered():
 
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
-                 "field_selector": "x=y", "review": {}, "cached": True, "resource_version": "1", "seconds": 1, "limit": 1}
+                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "cached": True, "resource_version": "1", "seconds": 1, "limit": 1}
     parameters = inspect.signature(getattr(client, method)).parameters
     answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
     if inspect.isgenerator(answer):  # a watch: its request is made when it is read

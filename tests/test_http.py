@@ -1,7 +1,7 @@
 """Both functions through a real functions-framework server, with the captured samples and ours.
 
-bind here talks to an API server that refuses connections: every pod it would bind must come
-back 503 (Knative retries), and everything it would not touch must still be answered."""
+bind here talks to an API server that refuses connections: every pod it would bind is kept by
+its queue (200, "queued"), never a 5xx, and everything it would not touch must still be answered."""
 from __future__ import annotations
 
 import base64
@@ -146,13 +146,15 @@ def binary(name: str = ADD, **changes) -> tuple[dict, dict]:
     return event["headers"], event["body"]
 
 
-def test_bind_answers_503_for_a_placeable_pod_while_the_api_is_down(bind_server):
+def test_bind_keeps_a_placeable_pod_while_the_api_is_down(bind_server):
+    """Its queue retries the pod once the API answers: a redelivery could not help, and a 503
+    would hold up the adapter's next events (it sends one at a time)."""
     headers, pod = binary()
     status, raw, _ = bind_server.post(pod, headers)
-    assert status == 503, raw
+    assert status == 200, raw
     body = json.loads(raw)
     # The event is a trigger: the pod is read first, so the failure is the read's, before any node.
-    assert body["result"] == "Retry" and "unreachable" in body["message"]
+    assert body["result"] == "Retry" and body["queued"] is True and "unreachable" in body["message"]
 
 
 def test_bind_accepts_structured_mode(bind_server):
@@ -161,7 +163,7 @@ def test_bind_accepts_structured_mode(bind_server):
              "type": headers["Ce-Type"], "subject": headers["Ce-Subject"], "datacontenttype": "application/json",
              "data": pod}
     status, raw, _ = bind_server.post(event, {"Content-Type": "application/cloudevents+json"})
-    assert status == 503 and json.loads(raw)["result"] == "Retry"  # read the pod: the API is down
+    assert status == 200 and json.loads(raw)["result"] == "Retry"  # read the pod: the API is down
 
 
 def test_bind_ignores_already_bound_pods(bind_server):
@@ -181,13 +183,13 @@ def test_bind_ignores_other_schedulers_and_event_types(bind_server):
 
 def test_bind_judges_the_live_pod_not_the_events_copy(bind_server):
     """An event whose own map is malformed condemns nothing: the pod as the API server has it
-    decides (and with the API down, that read is retried). The permanent answers (200 with the
+    decides (and with the API down, that read is retried by bind's queue). The permanent answers (200 with the
     reason) are shown on the real API server in test_end_to_end and test_fit_cluster."""
     headers, pod = binary()
     pod["metadata"]["annotations"]["gpu-scheduling-map"] = "0=Node_1:0\n"
     status, raw, _ = bind_server.post(pod, headers)
     body = json.loads(raw)
-    assert status == 503 and body["result"] == "Retry"
+    assert status == 200 and body["result"] == "Retry" and body["queued"] is True
 
 
 @pytest.mark.parametrize("headers, body, needle", [
@@ -214,15 +216,18 @@ def test_bind_rejects_pod_events_without_a_usable_pod(bind_server, data, needle)
     assert status == 400 and needle in json.loads(raw)["error"]
 
 
-def test_bind_ping_while_the_api_is_down_is_retried(bind_server):
+def test_bind_ping_while_the_api_is_down_is_not_redelivered(bind_server):
+    """bind's watches list again by themselves once the API server answers."""
     from localcp.eventsource import ping_headers
 
     status, raw, _ = bind_server.post(b"{}", ping_headers())
-    assert status == 503 and json.loads(raw)["retry"] is True
+    assert status == 200 and json.loads(raw)["result"] == "Retry"
 
 
-def test_bind_readiness_means_configured(bind_server, tmp_path):
-    assert bind_server.get("/health/readiness")[0] == 200
+def test_bind_readiness_means_it_has_listed_the_cluster(bind_server, tmp_path):
+    """Ready once its watches have listed pods, nodes and records: with the API down, not ready."""
+    status, raw, _ = bind_server.get("/health/readiness")
+    assert status == 503 and b"listing" in raw
     assert bind_server.get("/health/liveness")[0] == 200
     unconfigured = FunctionServer("bind", {"KUBECONFIG": str(tmp_path / "missing"), "HOME": str(tmp_path)})
     try:
@@ -236,4 +241,4 @@ def test_bind_readiness_means_configured(bind_server, tmp_path):
 
 def test_bind_metrics(bind_server):
     status, raw, _ = bind_server.get("/metrics")
-    assert status == 200 and b"gpu_scheduler_bind_seconds_bucket" in raw
+    assert status == 200 and b"gpu_scheduler_scheduling_attempt_duration_seconds" in raw

