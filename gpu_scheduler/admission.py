@@ -5,6 +5,11 @@ init container. Every admitted pod with the annotation gets the label the event 
 on, so bind also hears of the pods it cannot place and can say why. The patch replaces whole `env`
 lists and single labels, so applying it twice, or re-running the webhook on its own output
 (reinvocationPolicy IfNeeded), changes nothing more.
+
+In DRA mode (devices.py, dra.py) the pod also gets `spec.resourceClaims` entry `gpu-scheduler`
+naming the claim bind creates for it (`<pod name>-gpus`), and each container it sets the
+environment of claims it in `resources.claims`: the kubelet then gives the containers exactly the
+claim's devices.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from typing import Any, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .fit import node_affinity
-from .devices import CUDA, ModeError, device_env, device_mode, device_warnings
+from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
+from .dra import POD_CLAIM, claim_name
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 
@@ -108,10 +114,54 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def patch_for(pod: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+def _claim_ops(container: Mapping[str, Any], path: str) -> list[dict[str, Any]]:
+    """The operations adding {name: gpu-scheduler} to a container's resources.claims."""
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return [{"op": "add", "path": f"{path}/resources", "value": {"claims": [{"name": POD_CLAIM}]}}]
+    claims = resources.get("claims")
+    if not isinstance(claims, list):
+        return [{"op": "add", "path": f"{path}/resources/claims", "value": [{"name": POD_CLAIM}]}]
+    if any(isinstance(c, dict) and c.get("name") == POD_CLAIM for c in claims):
+        return []
+    # The whole list, as with env: applying the patch twice adds nothing twice.
+    return [{"op": "add", "path": f"{path}/resources/claims", "value": [*claims, {"name": POD_CLAIM}]}]
+
+
+class ClaimError(ValueError):
+    """A pod in DRA mode that cannot be given its claim; the message says why."""
+
+
+def pod_claim_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The operations adding the pod-level claim entry `gpu-scheduler` -> `<pod name>-gpus`, or
+    ClaimError: the pod has no name yet (generateName: the claim's name must be known now), or
+    already has an entry of that name for another claim."""
+    name = metadata(pod).get("name")
+    if not isinstance(name, str) or not name:
+        raise ClaimError("device env mode dra needs the pod's name at admission (the ResourceClaim is named after"
+                         " it): set metadata.name, not only generateName (StatefulSet pods have one; Indexed Job pods do not:"
+                         " use an env mode for them)")
+    claim = claim_name(name)
+    if len(claim) > 253:
+        raise ClaimError(f"device env mode dra: the claim name {claim[:40]}... would be longer than 253 characters")
+    wanted = {"name": POD_CLAIM, "resourceClaimName": claim}
+    claims = spec(pod).get("resourceClaims")
+    if not isinstance(claims, list):
+        return [{"op": "add", "path": "/spec/resourceClaims", "value": [wanted]}]
+    for entry in claims:
+        if isinstance(entry, dict) and entry.get("name") == POD_CLAIM:
+            if entry == wanted:
+                return []
+            raise ClaimError(f"spec.resourceClaims already has an entry named {POD_CLAIM!r} ({shown(entry)});"
+                             f" device env mode dra adds its own under that name")
+    return [{"op": "add", "path": "/spec/resourceClaims", "value": [*claims, wanted]}]
+
+
+def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = False) -> list[dict[str, Any]]:
     """JSONPatch operations that set `values` in every container's env and add the managed
-    label; empty when the pod already has both."""
-    ops: list[dict[str, Any]] = []
+    label; with `claims` (DRA mode), also the pod's claim and each container's use of it (may
+    raise ClaimError); empty when the pod already has all of them."""
+    ops: list[dict[str, Any]] = pod_claim_patch(pod) if claims else []
     for field in CONTAINER_FIELDS:
         containers = spec(pod).get(field)
         if not isinstance(containers, list):
@@ -124,6 +174,8 @@ def patch_for(pod: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[st
             wanted = _env_with(env, values)
             if wanted != env:
                 ops.append({"op": "add", "path": f"/spec/{field}/{i}/env", "value": wanted})
+            if claims:
+                ops += _claim_ops(container, f"/spec/{field}/{i}")
     return ops + label_patch(pod)
 
 
@@ -177,7 +229,10 @@ def decide(review: Review, default_mode: str = CUDA) -> Decision:
     contradiction = node_affinity(pod, resolved.placement.node)
     if contradiction:
         warnings.append(f"{SCHEDULER_NAME}: {contradiction}; the pod will stay Pending")
-    patch = patch_for(pod, device_env(resolved.placement, mode))
+    try:
+        patch = patch_for(pod, device_env(resolved.placement, mode), claims=mode == DRA)
+    except ClaimError as error:
+        return Decision(False, message=str(error), reason="InvalidDRAClaim")
     return Decision(True, tuple(patch), tuple(warnings), reason="Placed")
 
 

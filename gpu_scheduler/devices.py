@@ -8,6 +8,10 @@ always set: then index N is the GPU `nvidia-smi` shows as N.
 Opt-in `nvidia` mode, for runtimes that honour NVIDIA_VISIBLE_DEVICES from the pod (the NVIDIA
 container toolkit with accept-nvidia-visible-devices-envvar-when-unprivileged): the runtime
 exposes only the listed devices, and inside the container they are 0..k-1.
+
+Opt-in `dra` mode (gpu_scheduler/dra.py): the pod's ResourceClaim holds exactly its devices, and
+the DRA driver exposes those only, renumbered from 0 as NVIDIA's runtime does: 0..k-1 as in
+`nvidia` mode, and no NVIDIA_VISIBLE_DEVICES (the driver's CDI spec sets what it needs).
 """
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ from typing import Any, Mapping
 from .placement import Resolved, metadata, spec
 from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, claims_cost, parse_map, shown
 
-CUDA, NVIDIA = "cuda", "nvidia"
-MODES = (CUDA, NVIDIA)
+CUDA, NVIDIA, DRA = "cuda", "nvidia", "dra"
+MODES = (CUDA, NVIDIA, DRA)
 # Per-pod choice of mode; the function's DEVICE_ENV_MODE sets the default.
 MODE_ANNOTATION = "gpu-scheduler/device-env"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -41,8 +45,10 @@ def device_mode(pod: Mapping[str, Any], default: str = CUDA) -> str:
 
 def device_env(placement: Placement, mode: str = CUDA) -> dict[str, str]:
     """The variables to set; values come only from the parsed map (digits, commas, UUIDs)."""
+    inside = ",".join(str(i) for i in range(len(placement.devices)))
+    if mode == DRA:
+        return {"CUDA_VISIBLE_DEVICES": inside, **ORDER}
     if mode == NVIDIA:
-        inside = ",".join(str(i) for i in range(len(placement.devices)))
         return {"NVIDIA_VISIBLE_DEVICES": placement.visible_devices, "CUDA_VISIBLE_DEVICES": inside, **ORDER}
     return {"CUDA_VISIBLE_DEVICES": placement.visible_devices, **ORDER}
 

@@ -583,3 +583,82 @@ def test_a_selector_that_excludes_the_entrys_node_is_warned_with_binds_reason(po
     if warned:
         assert found[0].endswith("excludes node node2; the pod will stay Pending") or "matches node node2" in found[0]
         assert env_of(patched)  # still admitted with its env: the selector may be fixed before bind
+
+
+# --------------------------------------------------------------------------- DRA mode
+
+DRA_ANNOTATIONS = {"gpu-scheduler/device-env": "dra"}
+POD_CLAIM = {"name": "gpu-scheduler", "resourceClaimName": "web-1-gpus"}
+
+
+def dra_pod(**fields):
+    return make_pod(annotations=DRA_ANNOTATIONS, **fields)
+
+
+def test_dra_mode_claims_the_pods_claim_in_every_container_and_renumbers_from_zero():
+    pod = dra_pod(containers=[container("a"), container("b", resources={"limits": {"cpu": "1"}})],
+                  init_containers=[container("init", resources={"claims": [{"name": "other"}]})])
+    pod["spec"]["resourceClaims"] = [{"name": "other", "resourceClaimName": "x"}]
+    response, decision, patched = admit(pod)
+    assert decision.allowed and decision.reason == "Placed"
+    assert patched["spec"]["resourceClaims"] == [{"name": "other", "resourceClaimName": "x"}, POD_CLAIM]
+    for field, i in (("containers", 0), ("containers", 1), ("initContainers", 0)):
+        c = patched["spec"][field][i]
+        assert {"name": "gpu-scheduler"} in c["resources"]["claims"]
+        assert env_of(patched, field, i) == injected("0")  # web-1 is index 1 -> node2:2, seen as 0
+    assert patched["spec"]["containers"][1]["resources"]["limits"] == {"cpu": "1"}
+    assert patched["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "other"}, {"name": "gpu-scheduler"}]
+    assert_stable(pod)
+
+
+def test_dra_mode_sets_no_nvidia_visible_devices_and_counts_from_zero():
+    pod = dra_pod(name="web-2")  # index 2 -> node3:0,1,2
+    _, _, patched = admit(pod)
+    assert env_of(patched) == injected("0,1,2")
+    assert patched["spec"]["resourceClaims"] == [{"name": "gpu-scheduler", "resourceClaimName": "web-2-gpus"}]
+
+
+def test_dra_mode_as_the_cluster_default():
+    pod = make_pod()
+    response, decision = admission_response(make_review(pod), default_mode="dra")
+    patched = apply_patch(pod, list(decision.patch))
+    assert patched["spec"]["resourceClaims"] == [POD_CLAIM]
+
+
+def test_dra_mode_without_a_pod_name_is_denied_clearly():
+    pod = dra_pod(name=None, generate_name="job-", labels={"batch.kubernetes.io/job-completion-index": "1"})
+    response, decision, _ = admit(pod)
+    assert not decision.allowed and decision.reason == "InvalidDRAClaim"
+    assert "generateName" in decision.message and response["response"]["status"]["code"] == 400
+
+
+def test_dra_mode_refuses_an_entry_of_its_name_for_another_claim():
+    pod = dra_pod()
+    pod["spec"]["resourceClaims"] = [{"name": "gpu-scheduler", "resourceClaimName": "mine"}]
+    _, decision, _ = admit(pod)
+    assert not decision.allowed and "already has an entry named 'gpu-scheduler'" in decision.message
+
+
+def test_dra_mode_keeps_an_entry_already_as_wanted():
+    pod = dra_pod()
+    pod["spec"]["resourceClaims"] = [dict(POD_CLAIM)]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu-scheduler"}]}
+    _, decision, patched = admit(pod)
+    assert [op for op in decision.patch if "laim" in op["path"]] == []
+
+
+def test_dra_mode_a_pod_without_an_entry_gets_only_the_label():
+    pod = dra_pod(name="web-9")
+    _, decision, patched = admit(pod)
+    assert decision.allowed and "resourceClaims" not in patched["spec"]
+
+
+def test_env_modes_add_no_claims():
+    for mode in ("cuda", "nvidia"):
+        pod = make_pod(annotations={"gpu-scheduler/device-env": mode})
+        _, _, patched = admit(pod)
+        assert "resourceClaims" not in patched["spec"] and "resources" not in patched["spec"]["containers"][0]
+
+
+def test_device_env_in_dra_mode():
+    assert device_env(Placement("n", ("4", "7")), "dra") == {CVD: "0,1", CDO: "PCI_BUS_ID"}
