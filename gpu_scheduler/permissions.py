@@ -17,6 +17,16 @@ BIND = frozenset({
     ("", "nodes", "watch"),         # labels, taints, conditions and allocatable, kept current
     # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
     ("authentication.k8s.io", "tokenreviews", "create"),
+    # DRA mode (gpu_scheduler/dra.py): the devices each node publishes, and every claim's
+    # allocation (a device allocated in any claim is held).
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
+    ("resource.k8s.io", "resourceclaims", "list"),
+    ("resource.k8s.io", "resourceclaims", "watch"),
+    ("resource.k8s.io", "resourceclaims", "get"),            # a claim another writer changed first (409)
+    ("resource.k8s.io", "resourceclaims", "create"),         # the pod's claim, <pod>-gpus
+    ("resource.k8s.io", "resourceclaims", "update"),         # its finalizer, before allocating
+    ("resource.k8s.io", "resourceclaims/status", "update"),  # its allocation and reservation for the pod
 })
 # bind's device records: one Lease per node and device, in bind's own namespace only (a Role).
 BIND_RECORDS = frozenset({

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .dra import DYNAMIC_RESOURCES
 from .fit import GPUS_HELD, NODE_AFFINITY, NODE_PORTS, NODE_RESOURCES_FIT
 from .nodecheck import NODE_EXISTS, NODE_GPU_CAPACITY, NODE_READY, NODE_UNSCHEDULABLE, TAINT_TOLERATION
 
@@ -22,6 +23,15 @@ POD_LEAVES = ("AssignedPod", "Delete")
 RECORD_FREED = ("Record", "Delete")  # a device record deleted, or taken over, or shared further
 RECORD_UPDATE = ("Record", "Update")
 POD_UPDATE = ("Pod", "Update")  # the refused pod itself changed (its map, its selector)
+# DRA mode: a node's ResourceSlices (its devices as published) and any ResourceClaim. Claims are
+# keyed on no one node (ANY_NODE): the claim that holds a device, or the pod's own claim of a
+# former pod of its name, may have been allocated on another node or none.
+SLICE_ADD = ("ResourceSlice", "Add")
+SLICE_UPDATE = ("ResourceSlice", "Update")
+SLICE_DELETE = ("ResourceSlice", "Delete")  # a second pool publishing the same device withdrawn
+CLAIM_UPDATE = ("ResourceClaim", "Update")  # deallocated, its reservation or owner changed
+CLAIM_DELETE = ("ResourceClaim", "Delete")
+ANY_NODE = "*"
 
 # The map cannot place the pod (no entry, malformed, unknown index): only the pod can change that.
 MAP = "Map"
@@ -36,6 +46,7 @@ EVENTS_TO_REGISTER: dict[str, frozenset[tuple[str, str]]] = {
     NODE_PORTS: frozenset({POD_LEAVES}),
     NODE_RESOURCES_FIT: frozenset({POD_LEAVES, NODE_UPDATE}),
     GPUS_HELD: frozenset({POD_LEAVES, RECORD_FREED, RECORD_UPDATE}),
+    DYNAMIC_RESOURCES: frozenset({SLICE_ADD, SLICE_UPDATE, SLICE_DELETE, CLAIM_UPDATE, CLAIM_DELETE}),
     MAP: frozenset(),
 }
 
@@ -58,8 +69,9 @@ class Refused:
 
 def requeues(refused: Refused, event: tuple[str, str], node: str) -> bool:
     """The queueing hint: may `event` on `node` let the refused pod fit now? Only events its
-    filter registered, and only on its own node (a pinned pod has one candidate)."""
-    return node == refused.node and event in EVENTS_TO_REGISTER.get(refused.filter, frozenset())
+    filter registered, and only on its own node (a pinned pod has one candidate), or on
+    ANY_NODE."""
+    return node in (refused.node, ANY_NODE) and event in EVENTS_TO_REGISTER.get(refused.filter, frozenset())
 
 
 def backoff_seconds(attempts: int) -> float:

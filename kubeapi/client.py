@@ -41,7 +41,7 @@ TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 qui
 # The package's token hook re-reads the kubeconfig on every call (0.5 ms, most of it scanning the
 # environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
 AUTH_REFRESH_SECONDS = 10.0
-WATCH_CONNECTIONS = 8  # bind's watches (pods, nodes, device records), with room
+WATCH_CONNECTIONS = 10  # bind's watches (pods, nodes, device records, ResourceSlices and -Claims), with room
 LIST_PAGE = 500  # items per page of a listing: bounds what one response holds in memory
 
 # Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
@@ -67,6 +67,14 @@ CALLS = {
     "patch_event": ("", "events", "patch"),
     "list_events": ("", "events", "list"),
     "create_token_review": ("authentication.k8s.io", "tokenreviews", "create"),
+    "list_resource_slices": ("resource.k8s.io", "resourceslices", "list"),
+    "watch_resource_slices": ("resource.k8s.io", "resourceslices", "watch"),
+    "list_resource_claims": ("resource.k8s.io", "resourceclaims", "list"),
+    "watch_resource_claims": ("resource.k8s.io", "resourceclaims", "watch"),
+    "read_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+    "create_resource_claim": ("resource.k8s.io", "resourceclaims", "create"),
+    "update_resource_claim": ("resource.k8s.io", "resourceclaims", "update"),
+    "update_resource_claim_status": ("resource.k8s.io", "resourceclaims/status", "update"),
 }
 
 
@@ -272,3 +280,35 @@ class Kube:
     def list_events(self, namespace: str, field_selector: str) -> list[dict]:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/events",
                           query={"fieldSelector": field_selector})["items"]
+
+    # -- DRA (resource.k8s.io/v1) ------------------------------------------------------------------
+    RESOURCE = "/apis/resource.k8s.io/v1"
+
+    def list_resource_slices(self) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(f"{self.RESOURCE}/resourceslices")
+
+    def watch_resource_slices(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch(f"{self.RESOURCE}/resourceslices", resource_version, seconds)
+
+    def list_resource_claims(self) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(f"{self.RESOURCE}/resourceclaims")
+
+    def watch_resource_claims(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch(f"{self.RESOURCE}/resourceclaims", resource_version, seconds)
+
+    def _claims(self, namespace: str) -> str:
+        return f"{self.RESOURCE}/namespaces/{quote(namespace)}/resourceclaims"
+
+    def read_resource_claim(self, namespace: str, name: str) -> dict:
+        return self._call("GET", f"{self._claims(namespace)}/{quote(name)}")
+
+    def create_resource_claim(self, namespace: str, claim: dict) -> dict:
+        return self._call("POST", self._claims(namespace), claim)
+
+    def update_resource_claim(self, namespace: str, name: str, claim: dict) -> dict:
+        """A PUT: refused with 409 unless the body's resourceVersion is the stored one."""
+        return self._call("PUT", f"{self._claims(namespace)}/{quote(name)}", claim)
+
+    def update_resource_claim_status(self, namespace: str, name: str, claim: dict) -> dict:
+        """A PUT of the status subresource, with the same precondition."""
+        return self._call("PUT", f"{self._claims(namespace)}/{quote(name)}/status", claim)

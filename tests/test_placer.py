@@ -408,3 +408,196 @@ def test_a_record_nobody_holds_is_swept_at_its_version():
     assert placer.sweep_records() == 1
     ((namespace, name, version), _), = api.called("delete_lease")
     assert (name, version) == (record_name("node1", "0"), "5")
+
+
+# -- DRA mode: the pod's ResourceClaim, allocated and reserved before the Binding ------------------------
+from gpu_scheduler.dra import FINALIZER, Device, allocation_for  # noqa: E402
+
+DRA_POD = copy.deepcopy(POD)
+DRA_POD["spec"]["resourceClaims"] = [{"name": "gpu-scheduler", "resourceClaimName": "gpu-scheduler-check-0-gpus"}]
+CLAIM = "gpu-scheduler-check-0-gpus"
+NVIDIA = "gpu.nvidia.com"
+SLICE = {"metadata": {"name": "node1-gpus"},
+         "spec": {"driver": NVIDIA, "nodeName": "node1", "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": f"gpu-{i}"} for i in range(4)]}}
+WANTED_RESULTS = [{"request": f"gpu-{i}", "driver": NVIDIA, "pool": "node1", "device": f"gpu-{i}"} for i in (0, 1)]
+RESERVED = [{"resource": "pods", "name": "gpu-scheduler-check-0", "uid": POD["metadata"]["uid"]}]
+
+
+def echo(version):
+    """An API answer: the body written, at a new resourceVersion."""
+    def answer(body):
+        body = copy.deepcopy(body)
+        body["metadata"]["resourceVersion"] = version
+        return body
+    return answer
+
+
+class ClaimApi(FakeApi):
+    """FakeApi whose claim writes answer with what was written (unless scripted otherwise)."""
+
+    def _answer(self, method, *args, **kwargs):
+        answer = super()._answer(method, *args, **kwargs)
+        if answer is None and method in ("create_resource_claim", "update_resource_claim", "update_resource_claim_status"):
+            body = copy.deepcopy(args[-1])
+            body["metadata"]["resourceVersion"] = str(len(self.calls))
+            body["metadata"].setdefault("uid", "c-1")
+            return body
+        return answer
+
+
+def dra_placer(slices=(SLICE,), claims=(), **script):
+    script.setdefault("bind", [{}])
+    script.setdefault("create_lease", [{}])
+    api = ClaimApi(**script)
+    placer = synced_placer(api)
+    placer.views._replace_slices([list(slices)])
+    placer.views._replace_claims([copy.deepcopy(list(claims))])
+    return placer, api
+
+
+def our_claim(**status):
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": CLAIM, "namespace": "default", "uid": "c-1", "resourceVersion": "20",
+                         "finalizers": [FINALIZER],
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "gpu-scheduler-check-0",
+                                              "uid": POD["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"devices": {"requests": [{"name": f"gpu-{i}", "exactly": {
+                "deviceClassName": NVIDIA, "allocationMode": "ExactCount", "count": 1}} for i in (0, 1)]}},
+            "status": dict(status)}
+    return body
+
+
+def allocated_to(results, node="node1"):
+    return {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+
+def claim_writes(api):
+    return [m for m, _, _ in api.calls if "resource_claim" in m or m in ("create_lease", "bind")]
+
+
+def test_dra_a_pod_gets_its_claim_created_finalized_allocated_and_reserved_then_is_bound():
+    placer, api = dra_placer()
+    assert placed(placer, DRA_POD)["result"] == "Bound"
+    assert claim_writes(api) == ["create_lease", "create_lease", "create_resource_claim", "update_resource_claim",
+                                 "update_resource_claim_status", "bind"]
+    ((namespace, created), _), = api.called("create_resource_claim")
+    assert namespace == "default" and created["metadata"]["name"] == CLAIM
+    assert created["metadata"]["ownerReferences"][0]["uid"] == POD["metadata"]["uid"]
+    ((_, name, finalized), _), = api.called("update_resource_claim")
+    assert name == CLAIM and finalized["metadata"]["finalizers"] == [FINALIZER]
+    ((_, _, status), _), = api.called("update_resource_claim_status")
+    # Each write at the version the one before answered with (ClaimApi: the number of calls made).
+    assert (finalized["metadata"]["resourceVersion"], status["metadata"]["resourceVersion"]) == ("3", "4")
+    assert status["status"] == {"allocation": allocated_to(WANTED_RESULTS), "reservedFor": RESERVED}
+
+
+def test_dra_a_claim_already_allocated_and_reserved_as_wanted_is_kept():
+    placer, api = dra_placer(claims=[our_claim(allocation=allocated_to(WANTED_RESULTS), reservedFor=RESERVED)])
+    assert placed(placer, DRA_POD)["result"] == "Bound"
+    assert [m for m in claim_writes(api) if "claim" in m] == []
+
+
+def test_dra_a_409_on_create_reads_the_claim_and_goes_on_from_it():
+    placer, api = dra_placer(create_resource_claim=[api_error(409, "already exists")], read_resource_claim=[our_claim()])
+    assert placed(placer, DRA_POD)["result"] == "Bound"
+    assert [m for m in claim_writes(api) if "claim" in m] == ["create_resource_claim", "read_resource_claim",
+                                                              "update_resource_claim_status"]
+    ((_, _, status), _), = api.called("update_resource_claim_status")
+    assert status["metadata"]["resourceVersion"] == "20"
+
+
+def test_dra_a_409_on_the_status_whose_winner_allocated_as_wanted_binds():
+    done = our_claim(allocation=allocated_to(WANTED_RESULTS), reservedFor=RESERVED)
+    placer, api = dra_placer(claims=[our_claim()], update_resource_claim_status=[api_error(409, "conflict")],
+                             read_resource_claim=[done])
+    assert placed(placer, DRA_POD)["result"] == "Bound"
+    assert len(api.called("update_resource_claim_status")) == 1
+
+
+def test_dra_a_409_on_the_status_whose_winner_allocated_elsewhere_is_reported_not_overwritten():
+    other = [{"request": f"gpu-{i}", "driver": NVIDIA, "pool": "node1", "device": f"gpu-{i}"} for i in (2, 3)]
+    placer, api = dra_placer(claims=[our_claim()], update_resource_claim_status=[api_error(409, "conflict")],
+                             read_resource_claim=[our_claim(allocation=allocated_to(other))])
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    assert attempt.outcome["result"] == "Unschedulable" and "allocated to other devices" in attempt.outcome["message"]
+    assert attempt.refused.filter == "DynamicResources" and api.called("bind") == []
+    assert len(api.called("update_resource_claim_status")) == 1
+
+
+def test_dra_a_device_allocated_in_another_claim_refuses_before_any_write():
+    theirs = {"metadata": {"name": "inference", "namespace": "team-b", "resourceVersion": "3"},
+              "status": {"allocation": allocated_to([{"request": "r", "driver": NVIDIA, "pool": "node1", "device": "gpu-1"}])}}
+    placer, api = dra_placer(claims=[theirs])
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
+    assert attempt.outcome["message"] == (f"map entry 0=node1:0,1: device 1 ({NVIDIA}/node1/gpu-1) is allocated in"
+                                          " ResourceClaim team-b/inference")
+    assert claim_writes(api) == []
+
+
+def test_dra_a_pod_refused_for_want_of_devices_is_tried_again_when_its_node_publishes_them():
+    placer, api = dra_placer(slices=())
+    placer.views._apply_pod("ADDED", copy.deepcopy(DRA_POD))
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    outcome = placer._attempt_claimed(uid)
+    assert outcome["result"] == "Unschedulable" and "matches no device" in outcome["message"]
+    placer.views._apply_slice("ADDED", {**SLICE, "spec": {**SLICE["spec"], "nodeName": "node2"}})
+    assert placer.queue.pop(timeout=0.1) is None  # another node's devices
+    placer.views._apply_slice("ADDED", SLICE)
+    assert placer.queue.pop(timeout=2) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
+
+
+def test_dra_a_pod_refused_for_a_held_device_is_tried_again_when_that_claim_goes():
+    theirs = {"metadata": {"name": "inference", "namespace": "team-b", "resourceVersion": "3"},
+              "status": {"allocation": allocated_to([{"request": "r", "driver": NVIDIA, "pool": "node1", "device": "gpu-0"}])}}
+    placer, api = dra_placer(claims=[theirs])
+    placer.views._apply_pod("ADDED", copy.deepcopy(DRA_POD))
+    uid = POD["metadata"]["uid"]
+    assert placer.queue.pop(timeout=0.1) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
+    placer.views._apply_claim("DELETED", theirs)
+    assert placer.queue.pop(timeout=2) == uid
+    assert placer._attempt_claimed(uid)["result"] == "Bound"
+
+
+def test_dra_a_claim_of_a_former_pod_of_the_same_name_waits_for_its_deletion():
+    old = our_claim(allocation=allocated_to(WANTED_RESULTS), reservedFor=[{"resource": "pods", "name": "x", "uid": "u-old"}])
+    old["metadata"]["ownerReferences"][0]["uid"] = "u-old"
+    placer, api = dra_placer(claims=[old])
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    # Its devices are held by that claim (another owner's), which the refusal names.
+    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
+    assert claim_writes(api) == []
+
+
+@pytest.mark.parametrize("method", ["create_resource_claim", "update_resource_claim", "update_resource_claim_status"])
+def test_dra_a_transient_failure_writing_the_claim_is_retried_and_binds_nothing(method):
+    placer, api = dra_placer(**{method: [api_error(503)]})
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    assert attempt.retry and attempt.outcome["result"] == "Retry" and api.called("bind") == []
+    assert f"ResourceClaim default/{CLAIM}" in attempt.outcome["message"]
+
+
+def test_dra_a_claim_that_keeps_changing_is_retried():
+    placer, api = dra_placer(claims=[our_claim()], update_resource_claim_status=[api_error(409)],
+                             read_resource_claim=[our_claim()])
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    assert attempt.retry and "changed 5 times" in attempt.outcome["message"] and api.called("bind") == []
+
+
+def test_dra_a_pod_naming_another_claim_is_refused():
+    pod = copy.deepcopy(DRA_POD)
+    pod["spec"]["resourceClaims"][0]["resourceClaimName"] = "someone-elses"
+    placer, api = dra_placer()
+    attempt = placer._place(pod)
+    assert attempt.outcome["result"] == "Unschedulable" and "must name ResourceClaim" in attempt.outcome["message"]
+
+
+def test_env_mode_pods_touch_no_claims():
+    placer, api = dra_placer(slices=())
+    assert placed(placer)["result"] == "Bound"
+    assert [m for m in claim_writes(api) if "claim" in m] == []

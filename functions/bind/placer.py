@@ -19,6 +19,7 @@ import prometheus_client as prom
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from gpu_scheduler import dra
 from gpu_scheduler.binding import (
     ALREADY_BOUND, API_ERROR, BOUND, GONE, PENDING_SELECTOR, REPLACED, RETRY, Bind, Ignore, Unplaceable, bind_decision,
     binding_for, conflict_outcome, failure_outcome,
@@ -27,6 +28,7 @@ from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
 from gpu_scheduler.fit import GPUS_HELD, PodInfo, bind_refusal, shares_gpus, workload
+from gpu_scheduler.placement import NotPlaceable, resolve
 from gpu_scheduler.queueing import MAP, Refused
 from gpu_scheduler.records import (
     GRACE_SECONDS, Create, Held, Keep, Record, is_free, lease_for, record_name, record_step, workload_key,
@@ -48,6 +50,16 @@ RESYNC_WAIT_SECONDS = 20  # a ping waits this long for the outcomes of the pods 
 # For the test of bind dying between its two writes (tests/test_records_cluster.py): exit at once
 # after writing a pod's device records, before its Binding. Never set outside that test.
 EXIT_AFTER_RECORD = os.environ.get("GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD") == "1"
+# DRA mode (gpu_scheduler/dra.py): on unless GPU_SCHEDULER_DRA=false (a cluster without
+# resource.k8s.io/v1, before Kubernetes 1.34: its watches would never list, bind never be ready).
+# The rules and the default DeviceClass are read once, at start; wrong rules stop bind here.
+DRA_ENABLED = os.environ.get("GPU_SCHEDULER_DRA", "true").lower() != "false"
+DRA_DEVICE_CLASS = os.environ.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS
+try:
+    DRA_RULES = dra.parse_rules(os.environ.get("GPU_SCHEDULER_DRA_DEVICE_RULES"))
+except dra.RuleError as error:
+    raise SystemExit(str(error)) from None
+CLAIM_TRIES = 5  # writes of one pod's claim in one attempt (a create, the finalizer, the status; 409s)
 
 
 def _api_message(error: ApiException) -> str:
@@ -93,7 +105,7 @@ class Placer:
         self._resync_wanted = threading.Event()
         if api is not None:
             self.queue = SchedulingQueue()
-            self.views = Views(api, namespace, self.queue)
+            self.views = Views(api, namespace, self.queue, dra=DRA_ENABLED)
             self.recorder = Recorder(api, os.environ.get("HOSTNAME") or socket.gethostname())
 
     @classmethod
@@ -267,10 +279,12 @@ class Placer:
         if not self.views.synced():  # never decide on a partial view; the queue tries again shortly
             return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
         started = time.perf_counter()
-        refusal, steps = self._check_and_assume(pod, decision)
+        refusal, steps, wanted = self._check_and_assume(pod, decision)
         if refusal is not None:
             return self._refused(ref, decision, *refusal, started)
         problem = self._write_records(pod, decision, steps)
+        if problem is None and wanted is not None:
+            problem = self._write_claim(pod, wanted)
         if problem is not None:
             self.views.forget(decision.node, decision.uid)
             outcome, message, refused = problem
@@ -296,7 +310,9 @@ class Placer:
     def _check_and_assume(self, pod: Mapping[str, Any], decision: Bind):
         """The filters and the device records as watched, and, when they pass, the pod assumed on
         its node: one step under the views' lock, so two attempts of this instance never count the
-        same free cpu or GPU twice. Returns ((filter, message), []) or (None, steps)."""
+        same free cpu or GPU twice. In DRA mode, also the devices the pod's claim must hold, from
+        the node's ResourceSlices and every claim's allocation as watched.
+        Returns ((filter, message), [], None) or (None, steps, dra.Wanted or None)."""
         node = self.views.node(decision.node)
         mine, shares = workload_key(workload(pod)), shares_gpus(pod)
         now = time.time()
@@ -304,16 +320,83 @@ class Placer:
             info = self.views.node_info(decision.node)
             refusal = bind_refusal(pod, node, decision.placement, info)
             if refusal is not None:
-                return refusal, []
+                return refusal, [], None
             steps = []
             for device in decision.devices:
                 record = self.views.record(decision.node, device)
                 step = record_step(record, mine, shares, info.pods, now, self.views.gone_of_locked(record))
                 if isinstance(step, Held):
-                    return (GPUS_HELD, step.message), []
+                    return (GPUS_HELD, step.message), [], None
                 steps.append((device, step))
+            wanted = None
+            if dra.uses_dra(pod):
+                wanted = self._wanted_locked(pod, decision)
+                if isinstance(wanted, str):
+                    return (dra.DYNAMIC_RESOURCES, wanted), [], None
             self.views.assume(decision.node, dataclasses.replace(PodInfo.of(pod), devices=decision.devices))
-        return None, steps
+        return None, steps, wanted
+
+    def _wanted_locked(self, pod: Mapping[str, Any], decision: Bind) -> "dra.Wanted | str":
+        """Inside the views' lock: what the pod's claim must hold, or why it cannot."""
+        if not self.views.dra:
+            return "the pod is in DRA mode (spec.resourceClaims gpu-scheduler) but bind runs with GPU_SCHEDULER_DRA=false"
+        if dra.claim_refs(pod) != [dra.claim_name(decision.name)]:
+            return (f"spec.resourceClaims entry {dra.POD_CLAIM!r} must name ResourceClaim {dra.claim_name(decision.name)!r},"
+                    f" the claim bind makes for the pod")
+        try:
+            index = resolve(pod).index
+        except NotPlaceable as why:  # decided placeable a moment ago from the same pod
+            return why.message
+        wanted = dra.wanted_devices(decision.namespace, decision.name, index, decision.placement,
+                                    dra.device_class(pod, DRA_DEVICE_CLASS), DRA_RULES,
+                                    self.views.slices_on(decision.node), self.views.allocated())
+        if isinstance(wanted, dra.Wanted):  # the claim as watched already says no: no record written
+            step = dra.claim_step(self.views.claim(wanted.namespace, wanted.claim), pod, wanted)
+            if isinstance(step, dra.Blocked):
+                return step.message
+        return wanted
+
+    def _write_claim(self, pod: Mapping[str, Any], wanted: "dra.Wanted"):
+        """Make the pod's ResourceClaim hold `wanted`, allocated and reserved for the pod, as
+        kube-scheduler does: created if absent, its finalizer added (an update), then allocation
+        and reservation in one status update; each write at the version read, and after a 409 the
+        claim is read and the next step decided again. None when it is ready; else
+        (outcome, message, refused or None)."""
+        namespace, name = wanted.namespace, wanted.claim
+        what = f"ResourceClaim {namespace}/{name}"
+        claim = self.views.claim(namespace, name)
+        for _ in range(CLAIM_TRIES):
+            step = dra.claim_step(claim, pod, wanted)
+            if isinstance(step, dra.Ready):
+                return None
+            if isinstance(step, dra.Blocked):
+                return UNSCHEDULABLE, step.message, Refused(dra.DYNAMIC_RESOURCES, wanted.node)
+            try:
+                if isinstance(step, dra.Create):
+                    claim = self.api.create_resource_claim(namespace, dra.claim_for(pod, wanted))
+                elif isinstance(step, dra.Update):
+                    claim = self.api.update_resource_claim(namespace, name, step.body)
+                else:
+                    claim = self.api.update_resource_claim_status(namespace, name, step.body)
+                self.views.wrote_claim(claim)
+                continue
+            except ApiException as error:
+                if error.status != 409:
+                    outcome, message = _failure(error)
+                    return outcome, f"writing {what}: {message}", None
+            except urllib3.exceptions.HTTPError as error:
+                return RETRY, f"writing {what}: unreachable: {error}", None
+            try:  # another writer was first: the claim as it is now
+                claim = self.api.read_resource_claim(namespace, name)
+                self.views.wrote_claim(claim)
+            except ApiException as error:
+                if error.status != 404:
+                    outcome, message = _failure(error)
+                    return outcome, f"reading {what}: {message}", None
+                claim = None
+            except urllib3.exceptions.HTTPError as error:
+                return RETRY, f"reading {what}: unreachable: {error}", None
+        return RETRY, f"{what} changed {CLAIM_TRIES} times while writing it", None
 
     def _write_records(self, pod: Mapping[str, Any], decision: Bind, steps: list):
         """Record each device given, before the Binding: a create, or an update at the version

@@ -1,7 +1,9 @@
-"""bind's one view of the cluster, kept current by three watches (informers.py), as
+"""bind's one view of the cluster, kept current by its watches (informers.py), as
 kube-scheduler's informers keep its cache: every pod (our pending pods, to place; every node's
 non-terminal pods, for fit and GPU accounting), every node (labels, taints, conditions,
-allocatable) and bind's device records (gpu_scheduler/records.py). Each change that can undo a
+allocatable), bind's device records (gpu_scheduler/records.py) and, for DRA mode
+(gpu_scheduler/dra.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
+Each change that can undo a
 refusal is passed to the scheduling queue as a cluster event; each pending pod of ours found new or
 changed is queued. The I/O side of bind; the decisions stay in gpu_scheduler/."""
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
-from gpu_scheduler.queueing import NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE
+from gpu_scheduler.dra import Device, allocated
+from gpu_scheduler.queueing import (
+    ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
+    SLICE_DELETE, SLICE_UPDATE,
+)
 from gpu_scheduler.records import RECORD_SELECTOR, Record
 from informers import Informer
 from metrics import GPUS_HELD
@@ -54,8 +60,15 @@ def _is_pending_ours(pod: Mapping[str, Any]) -> bool:
             and not _meta(pod).get("deletionTimestamp") and not is_terminal(pod))
 
 
+def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = _meta(claim)
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return claim
+
+
 class Views:
-    def __init__(self, api, namespace: str, queue: SchedulingQueue):
+    def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True):
         self.api, self.namespace, self.queue = api, namespace, queue
         self.lock = threading.Lock()
         self._nodes: dict[str, dict] = {}
@@ -75,6 +88,16 @@ class Views:
                      lambda version, seconds: api.watch_leases(namespace, RECORD_SELECTOR, version, seconds),
                      self._replace_records, self._apply_record),
         ]
+        self._slices: dict[str, Mapping[str, Any]] = {}  # name -> spec
+        self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}  # (namespace, name) -> claim
+        self.dra = dra
+        if dra:
+            self.informers += [
+                Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
+                         self._replace_slices, self._apply_slice),
+                Informer("resourceclaims", api.list_resource_claims, api.watch_resource_claims,
+                         self._replace_claims, self._apply_claim),
+            ]
 
     def start(self) -> None:
         for informer in self.informers:
@@ -140,6 +163,72 @@ class Views:
             return frozenset()
         return frozenset({uid}) if _newer(self.informers[0].version, record.resource_version, or_equal=True) \
             else frozenset()
+
+    # -- DRA ---------------------------------------------------------------------------------
+    def slices_on(self, node: str) -> list[Mapping[str, Any]]:
+        """Inside self.lock or not: the ResourceSlices published for `node` (as {"spec": ...})."""
+        return [{"spec": spec} for spec in list(self._slices.values()) if spec.get("nodeName") == node]
+
+    def allocated(self) -> dict[Device, str]:
+        """Inside self.lock or not: every device allocated in a claim, and that claim."""
+        return allocated(list(self._claims.values()))
+
+    def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._claims.get((namespace, name))
+
+    def wrote_claim(self, claim: Mapping[str, Any]) -> None:
+        """A claim this instance just wrote or read: seen at once, before its watch event."""
+        key = (str(_meta(claim).get("namespace") or ""), str(_meta(claim).get("name") or ""))
+        with self.lock:
+            known = self._claims.get(key)
+            if known is None or _newer(str(_meta(claim).get("resourceVersion") or ""),
+                                       str(_meta(known).get("resourceVersion") or "")):
+                self._claims[key] = _trim_claim(claim)
+
+    def _replace_slices(self, pages: Iterable[list[dict]]) -> None:
+        slices = {str(_meta(s).get("name")): s.get("spec") or {} for items in pages for s in items}
+        with self.lock:
+            before, self._slices = self._slices, slices
+        nodes = {spec.get("nodeName") for name, spec in slices.items() if before.get(name) != spec}
+        gone = {spec.get("nodeName") for name, spec in before.items() if name not in slices}
+        for node in nodes - {None}:
+            self.queue.cluster_event(SLICE_UPDATE, node)
+        for node in gone - {None}:
+            self.queue.cluster_event(SLICE_DELETE, node)
+
+    def _apply_slice(self, kind: str, item: Mapping[str, Any]) -> None:
+        name, spec = str(_meta(item).get("name")), item.get("spec") or {}
+        with self.lock:
+            if kind == "DELETED":
+                self._slices.pop(name, None)
+            else:
+                self._slices[name] = spec
+        if spec.get("nodeName"):
+            event = {"ADDED": SLICE_ADD, "DELETED": SLICE_DELETE}.get(kind, SLICE_UPDATE)
+            self.queue.cluster_event(event, spec["nodeName"])
+
+    def _replace_claims(self, pages: Iterable[list[dict]]) -> None:
+        claims = {(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): _trim_claim(c)
+                  for items in pages for c in items}
+        with self.lock:
+            self._claims = claims
+        self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)  # what changed unseen is not known: all may
+        self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
+
+    def _apply_claim(self, kind: str, claim: Mapping[str, Any]) -> None:
+        key = (str(_meta(claim).get("namespace")), str(_meta(claim).get("name")))
+        with self.lock:
+            if kind == "DELETED":
+                self._claims.pop(key, None)
+            else:
+                known = self._claims.get(key)
+                if known is None or not _newer(str(_meta(known).get("resourceVersion") or ""),
+                                               str(_meta(claim).get("resourceVersion") or "")):
+                    self._claims[key] = _trim_claim(claim)
+        if kind == "DELETED":
+            self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
+        elif kind == "MODIFIED":
+            self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)
 
     def records(self) -> list[Record]:
         with self.lock:
