@@ -98,7 +98,9 @@ def test_images_are_required(helm, given, missing):
 
 
 @pytest.mark.parametrize("setting, why", [
-    ("deviceEnvMode=dra", "deviceEnvMode"),  # not yet: mutate refuses it at start
+    ("deviceEnvMode=DRA", "deviceEnvMode"),
+    ("dra.deviceRules=gpu-{index}", "deviceRules"),  # JSON, an object
+    ("dra.deviceClass=Not_A_Class", "deviceClass"),
     ("deviceEnvMode=CUDA", "deviceEnvMode"),
     ("mutate.scale.min=0", "min"),
     ("webhook.path=ingress", "path"),
@@ -169,6 +171,10 @@ def test_custom_values_reach_the_objects(helm):
     assert containers(docs, "bind")["bind"]["imagePullPolicy"] == "Always"
     assert env(containers(docs, "bind")["bind"])["SINK_AUDIENCE"] == "gpu-scheduler-bind"
     assert env(containers(docs, "bind")["bind"])["RESYNC_CONCURRENCY"] == "4"
+    assert env(containers(docs, "mutate")["mutate"])["DEVICE_ENV_MODE"] == "dra"
+    bind_env = env(containers(docs, "bind")["bind"])
+    assert (bind_env["GPU_SCHEDULER_DRA"], bind_env["GPU_SCHEDULER_DRA_DEVICE_CLASS"]) == ("true", "gpu.example.com")
+    assert json.loads(bind_env["GPU_SCHEDULER_DRA_DEVICE_RULES"]) == json.loads(values["dra"]["deviceRules"])
     assert find(docs, "Service", "bind")["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/image-id"]
     ping = find(docs, "PingSource", "resync")["spec"]
     assert (ping["schedule"], ping["timezone"]) == ("*/5 * * * *", "Europe/Berlin")
@@ -198,6 +204,9 @@ def test_defaults(helm):
     assert containers(docs, "bind")["bind"]["image"] == "registry.example.com/gpu-scheduler/bind:0.1.0", "the appVersion"
     assert find(docs, "PingSource", "resync")["spec"]["schedule"] == "* * * * *"
     assert "CACerts" not in find(docs, "PingSource", "resync")["spec"]["sink"]
+    bind_env = env(containers(docs, "bind")["bind"])
+    assert (bind_env["GPU_SCHEDULER_DRA"], bind_env["GPU_SCHEDULER_DRA_DEVICE_CLASS"]) == ("true", "gpu.nvidia.com")
+    assert "GPU_SCHEDULER_DRA_DEVICE_RULES" not in bind_env, "bind's defaults"
     [webhook] = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
     assert webhook["failurePolicy"] == "Fail"
 

@@ -357,7 +357,7 @@ def test_mutate_never_scales_to_zero():
 # The functions' own variables, and functions-framework's server settings (THREADS, ...), which
 # localcp/mutate_gunicorn.py reads too.
 @pytest.mark.parametrize("name, variables", [
-    ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS"}),
+    ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS", "GPU_SCHEDULER_DRA", "GPU_SCHEDULER_DRA_DEVICE_CLASS"}),
     ("mutate", {"LOG_LEVEL", "DEVICE_ENV_MODE", "WORKERS", "THREADS"})])
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables
