@@ -13,7 +13,8 @@ from importlib import metadata
 from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
-from gpu_scheduler.devices import CUDA, NVIDIA, device_env
+from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
+from gpu_scheduler.dra import uses_dra
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
@@ -225,7 +226,8 @@ def run_explain(args) -> dict[str, Any]:
         placement = resolved.placement
         node_name = placement.node
         answer.update(index=resolved.index, entry=f"{resolved.index}={placement.node}:{placement.visible_devices}")
-        wanted = [(mode, device_env(placement, mode)) for mode in (CUDA, NVIDIA)]
+        modes = (DRA,) if uses_dra(pod) else (CUDA, NVIDIA)  # a pod with the claim entry was admitted in dra
+        wanted = [(mode, device_env(placement, mode)) for mode in modes]
         given = [e for e in env.values() if e]
         matching = [mode for mode, values in wanted if given and all(e == values for e in env.values())]
         answer["envCheck"] = {"matches": bool(matching), "mode": matching[0] if matching else None}
