@@ -42,6 +42,15 @@ RESOURCE = {
     "update_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
     "delete_lease": lambda ns, name: ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
     "create_token_review": lambda ns, name: ["apis", "authentication.k8s.io", "v1", "tokenreviews"],
+    "list_resource_slices": lambda ns, name: ["apis", "resource.k8s.io", "v1", "resourceslices"],
+    "watch_resource_slices": lambda ns, name: ["apis", "resource.k8s.io", "v1", "resourceslices"],
+    "list_resource_claims": lambda ns, name: ["apis", "resource.k8s.io", "v1", "resourceclaims"],
+    "watch_resource_claims": lambda ns, name: ["apis", "resource.k8s.io", "v1", "resourceclaims"],
+    "create_resource_claim": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims"],
+    "read_resource_claim": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name],
+    "update_resource_claim": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name],
+    "update_resource_claim_status": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims",
+                                                      name, "status"],
 }
 
 
@@ -81,7 +90,7 @@ def test_every_call_is_covered():
 
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
-                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "cached": True, "resource_version": "1", "seconds": 1, "limit": 1}
+                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "resource_version": "1", "seconds": 1, "limit": 1}
     parameters = inspect.signature(getattr(client, method)).parameters
     answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
     if inspect.isgenerator(answer):  # a watch: its request is made when it is read
