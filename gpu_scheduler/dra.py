@@ -420,7 +420,7 @@ def claim_step(claim: Mapping[str, Any] | None, pod: Mapping[str, Any], wanted: 
         if have != want or _map(allocation.get("nodeSelector")) != allocation_for(wanted)["nodeSelector"]:
             shown_have = ", ".join(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}"
                                    for r in _maps(_map(allocation.get("devices")).get("results"))[:SHOWN])
-            return Blocked(f"{name} is allocated to other devices or another node ({shown_have or 'none'}) than map"
+            return Blocked(f"{name} is allocated to other devices or another node ({shown_have or 'none'}) than its map"
                            f" entry wants ({', '.join(str(d) for _, d in wanted.requests[:SHOWN])} on {wanted.node});"
                            " delete the claim to place the pod again")
         if any(r.get("uid") == pod_meta.get("uid") for r in reserved):

@@ -601,3 +601,18 @@ def test_env_mode_pods_touch_no_claims():
     placer, api = dra_placer(slices=())
     assert placed(placer)["result"] == "Bound"
     assert [m for m in claim_writes(api) if "claim" in m] == []
+
+
+def test_dra_a_claim_deallocated_frees_its_devices_and_two_claims_of_one_device_both_count():
+    def theirs(name, device=None):
+        body = {"metadata": {"name": name, "namespace": "team-b", "resourceVersion": "3"}, "status": {}}
+        if device:
+            body["status"]["allocation"] = allocated_to([{"request": "r", "driver": NVIDIA, "pool": "node1", "device": device}])
+        return body
+
+    placer, api = dra_placer(claims=[theirs("a", "gpu-0"), theirs("b", "gpu-0")])
+    assert "ResourceClaim team-b/a" in placer._place(copy.deepcopy(DRA_POD)).outcome["message"]
+    placer.views._apply_claim("MODIFIED", {**theirs("a"), "metadata": {**theirs("a")["metadata"], "resourceVersion": "4"}})
+    assert "ResourceClaim team-b/b" in placer._place(copy.deepcopy(DRA_POD)).outcome["message"]
+    placer.views._apply_claim("DELETED", theirs("b", "gpu-0"))
+    assert placed(placer, DRA_POD)["result"] == "Bound"

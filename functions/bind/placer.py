@@ -349,7 +349,7 @@ class Placer:
             return why.message
         wanted = dra.wanted_devices(decision.namespace, decision.name, index, decision.placement,
                                     dra.device_class(pod, DRA_DEVICE_CLASS), DRA_RULES,
-                                    self.views.slices_on(decision.node), self.views.allocated())
+                                    self.views.slices_on(decision.node), self.views.held())
         if isinstance(wanted, dra.Wanted):  # the claim as watched already says no: no record written
             step = dra.claim_step(self.views.claim(wanted.namespace, wanted.claim), pod, wanted)
             if isinstance(step, dra.Blocked):

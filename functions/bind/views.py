@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, abc
 from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
@@ -60,6 +60,25 @@ def _is_pending_ours(pod: Mapping[str, Any]) -> bool:
             and not _meta(pod).get("deletionTimestamp") and not is_terminal(pod))
 
 
+class _Held(abc.Mapping):
+    """The held index as gpu_scheduler.dra.wanted_devices reads it: device -> a claim's name."""
+
+    def __init__(self, index: dict[Device, dict[str, None]]):
+        self._index = index
+
+    def __getitem__(self, device: Device) -> str:
+        holders = self._index.get(device)
+        if not holders:
+            raise KeyError(device)
+        return next(iter(holders))
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
 def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = _meta(claim)
     if isinstance(meta, dict):
@@ -90,6 +109,9 @@ class Views:
         ]
         self._slices: dict[str, Mapping[str, Any]] = {}  # name -> spec
         self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}  # (namespace, name) -> claim
+        # Every allocated device and the claims it is allocated in, kept with _claims: a placement
+        # looks up its devices, rather than going through every claim of the cluster.
+        self._held: dict[Device, dict[str, None]] = {}
         self.dra = dra
         if dra:
             self.informers += [
@@ -169,9 +191,26 @@ class Views:
         """Inside self.lock or not: the ResourceSlices published for `node` (as {"spec": ...})."""
         return [{"spec": spec} for spec in list(self._slices.values()) if spec.get("nodeName") == node]
 
-    def allocated(self) -> dict[Device, str]:
-        """Inside self.lock or not: every device allocated in a claim, and that claim."""
-        return allocated(list(self._claims.values()))
+    def held(self) -> Mapping[Device, str]:
+        """Inside self.lock: each device allocated in a claim, and that claim ("namespace/name";
+        where two claims have it, the first), looked up as asked."""
+        return _Held(self._held)
+
+    def _set_claim(self, key: tuple[str, str], claim: Mapping[str, Any] | None) -> None:
+        """Inside self.lock: `claim` (None: deleted) under `key`, and the held index with it."""
+        before = self._claims.get(key)
+        name = f"{key[0]}/{key[1]}"
+        for device in allocated([before] if before is not None else []):
+            holders = self._held.get(device, {})
+            holders.pop(name, None)
+            if not holders:
+                self._held.pop(device, None)
+        if claim is None:
+            self._claims.pop(key, None)
+            return
+        self._claims[key] = claim
+        for device in allocated([claim]):
+            self._held.setdefault(device, {})[name] = None
 
     def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self._claims.get((namespace, name))
@@ -183,7 +222,7 @@ class Views:
             known = self._claims.get(key)
             if known is None or _newer(str(_meta(claim).get("resourceVersion") or ""),
                                        str(_meta(known).get("resourceVersion") or "")):
-                self._claims[key] = _trim_claim(claim)
+                self._set_claim(key, _trim_claim(claim))
 
     def _replace_slices(self, pages: Iterable[list[dict]]) -> None:
         slices = {str(_meta(s).get("name")): s.get("spec") or {} for items in pages for s in items}
@@ -211,7 +250,9 @@ class Views:
         claims = {(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): _trim_claim(c)
                   for items in pages for c in items}
         with self.lock:
-            self._claims = claims
+            self._claims, self._held = {}, {}
+            for key, claim in claims.items():
+                self._set_claim(key, claim)
         self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)  # what changed unseen is not known: all may
         self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
 
@@ -219,12 +260,12 @@ class Views:
         key = (str(_meta(claim).get("namespace")), str(_meta(claim).get("name")))
         with self.lock:
             if kind == "DELETED":
-                self._claims.pop(key, None)
+                self._set_claim(key, None)
             else:
                 known = self._claims.get(key)
                 if known is None or not _newer(str(_meta(known).get("resourceVersion") or ""),
                                                str(_meta(claim).get("resourceVersion") or "")):
-                    self._claims[key] = _trim_claim(claim)
+                    self._set_claim(key, _trim_claim(claim))
         if kind == "DELETED":
             self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
         elif kind == "MODIFIED":
