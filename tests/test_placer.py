@@ -616,3 +616,12 @@ def test_dra_a_claim_deallocated_frees_its_devices_and_two_claims_of_one_device_
     assert "ResourceClaim team-b/b" in placer._place(copy.deepcopy(DRA_POD)).outcome["message"]
     placer.views._apply_claim("DELETED", theirs("b", "gpu-0"))
     assert placed(placer, DRA_POD)["result"] == "Bound"
+
+
+def test_dra_a_pod_asking_for_dra_admitted_without_the_webhook_is_refused_until_it_changes():
+    pod = copy.deepcopy(POD)
+    pod["metadata"]["annotations"]["gpu-scheduler/device-env"] = "dra"
+    placer, api = dra_placer()
+    attempt = placer._place(pod)
+    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "Map"
+    assert "admitted without gpu-scheduler's webhook" in attempt.outcome["message"] and claim_writes(api) == []

@@ -27,6 +27,7 @@ from gpu_scheduler.binding import (
 from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef, scheduled_message,
 )
+from gpu_scheduler.devices import DRA, MODE_ANNOTATION
 from gpu_scheduler.fit import GPUS_HELD, PodInfo, bind_refusal, shares_gpus, workload
 from gpu_scheduler.placement import NotPlaceable, resolve
 from gpu_scheduler.queueing import MAP, Refused
@@ -75,6 +76,11 @@ def _failure(error: Exception) -> tuple[str, str]:
         message = _api_message(error)
         return failure_outcome(error.status or 0, message), message
     return RETRY, f"Kubernetes API unreachable: {error}"
+
+
+def _annotated_dra(pod: Mapping[str, Any]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return isinstance(annotations, dict) and annotations.get(MODE_ANNOTATION) == DRA
 
 
 def own_namespace() -> str:
@@ -329,6 +335,9 @@ class Placer:
                     return (GPUS_HELD, step.message), [], None
                 steps.append((device, step))
             wanted = None
+            if _annotated_dra(pod) and not dra.uses_dra(pod):
+                return (MAP, f"the pod asks for device env mode dra but has no spec.resourceClaims entry"
+                             f" {dra.POD_CLAIM!r}: it was admitted without gpu-scheduler's webhook; create it again"), [], None
             if dra.uses_dra(pod):
                 wanted = self._wanted_locked(pod, decision)
                 if isinstance(wanted, str):
