@@ -458,3 +458,35 @@ def claim_refs(pod: Mapping[str, Any]) -> list[str]:
     """The claim names mutate referenced in spec.resourceClaims for our entry."""
     return [c.get("resourceClaimName") for c in _maps(spec(pod).get("resourceClaims"))
             if c.get("name") == POD_CLAIM and isinstance(c.get("resourceClaimName"), str)]
+
+
+# -- what plan and explain show --------------------------------------------------------------------
+ABSENT, PENDING, ALLOCATED, RESERVED, RESERVED_ELSEWHERE, DELETING = (
+    "NotCreated", "NotAllocated", "Allocated", "Reserved", "ReservedForAnother", "Deleting")
+
+
+def claim_state(claim: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod's claim as people read it: its state (NotCreated, NotAllocated, Allocated, Reserved
+    for this pod, ReservedForAnother, Deleting), the node and devices of its allocation, and whom
+    it is reserved for."""
+    if claim is None:
+        return {"state": ABSENT, "node": None, "devices": [], "reservedFor": []}
+    status = _map(claim.get("status"))
+    allocation = _map(status.get("allocation"))
+    devices = [f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}"
+               for r in _maps(_map(allocation.get("devices")).get("results"))]
+    nodes = [value for term in _maps(_map(allocation.get("nodeSelector")).get("nodeSelectorTerms"))
+             for field_ in _maps(term.get("matchFields")) if field_.get("key") == "metadata.name"
+             for value in (field_.get("values") or []) if isinstance(value, str)]
+    reserved = [r for r in _maps(status.get("reservedFor"))]
+    uid = metadata(pod).get("uid")
+    if metadata(claim).get("deletionTimestamp"):
+        state = DELETING
+    elif any(r.get("uid") == uid for r in reserved):
+        state = RESERVED
+    elif reserved:
+        state = RESERVED_ELSEWHERE
+    else:
+        state = ALLOCATED if allocation else PENDING
+    return {"state": state, "node": nodes[0] if len(nodes) == 1 else None, "devices": devices,
+            "reservedFor": [f"{r.get('resource')}/{r.get('name')}" for r in reserved]}

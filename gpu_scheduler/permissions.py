@@ -50,4 +50,8 @@ PLUGIN = frozenset({
     ("", "pods", "list"),           # the pods on a node, for the fit and GPU checks bind makes
     ("", "nodes", "get"),           # the node checks bind makes
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
+    # DRA mode: the pod's claim, the devices its node publishes, and the devices other claims hold.
+    ("resource.k8s.io", "resourceclaims", "get"),
+    ("resource.k8s.io", "resourceclaims", "list"),
+    ("resource.k8s.io", "resourceslices", "list"),
 })

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
+from gpu_scheduler import dra
 from gpu_scheduler.dra import uses_dra
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
@@ -104,6 +105,14 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("-n", "--namespace", help="namespace (default: the context's, as kubectl)")
         command.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
         command.add_argument("--context", help="kubeconfig context (default: the current context)")
+        command.add_argument("--dra-device-class", metavar="CLASS",
+                             default=os.environ.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS,
+                             help="DRA mode: the DeviceClass of pods that name none, as bind's"
+                             " GPU_SCHEDULER_DRA_DEVICE_CLASS (default: that variable, else %(default)s)")
+        command.add_argument("--dra-device-rules", metavar="JSON",
+                             default=os.environ.get("GPU_SCHEDULER_DRA_DEVICE_RULES") or dra.DEFAULT_RULES_TEXT,
+                             help="DRA mode: the rules from a map index to a device, as bind's"
+                             " GPU_SCHEDULER_DRA_DEVICE_RULES (default: that variable, else the built-in rules)")
 
     plan = commands.add_parser(
         "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
@@ -190,13 +199,57 @@ def _cluster_check(cluster, row: core.Row) -> core.Note | None:
     return core.Note(core.UNSCHEDULABLE, problem) if problem else None
 
 
+def _rules(args) -> dict[str, dra.Rule]:
+    try:
+        return dra.parse_rules(args.dra_device_rules)
+    except dra.RuleError as error:
+        raise UsageError(f"--dra-device-rules: {error}") from None
+
+
+def dra_claim(cluster, args, pod: dict[str, Any], index: int | None, placement) -> dict[str, Any]:
+    """A DRA-mode pod's ResourceClaim: its name, and with a cluster its state and allocation and,
+    while it holds no devices, what bind would allocate (or why it cannot)."""
+    meta = pod.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
+    claim_name = (dra.claim_refs(pod) or [dra.claim_name(name)])[0]
+    device_class = dra.device_class(pod, args.dra_device_class)
+    answer: dict[str, Any] = {"name": claim_name, "deviceClass": device_class}
+    if cluster is None:
+        return answer
+    answer.update(dra.claim_state(cluster.resource_claim(namespace, claim_name), pod))
+    if answer["state"] in (dra.ABSENT, dra.PENDING) and placement is not None and index is not None:
+        wanted = dra.wanted_devices(namespace, name, index, placement, device_class, _rules(args),
+                                    cluster.resource_slices(), dra.allocated(cluster.resource_claims()))
+        if isinstance(wanted, str):
+            answer["problem"] = wanted
+        else:
+            answer["wanted"] = [str(device) for _, device in wanted.requests]
+    return answer
+
+
+def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
+    if row.mode != DRA or not row.node or not row.placeable:
+        return None
+    pod = {**row.pod_object, "metadata": {**(row.pod_object.get("metadata") or {}), "name": row.pod}}
+    return dra_claim(cluster, args, pod, row.index, row.placement)
+
+
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
+    _rules(args)  # refused before anything is read, as bind refuses them at start
     cluster, namespace = connect(args) if args.cluster else (None, args.namespace or "default")
     errors: list[str] = []
     workloads = []
     for document, plan in _workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors):
-        rows = [output.row_dict(row, _cluster_check(cluster, row), True) if cluster else output.row_dict(row)
-                for row in plan.rows]
+        rows = []
+        for row in plan.rows:
+            claim = _dra_row(cluster, args, row)
+            check = _cluster_check(cluster, row) if cluster else None
+            if check is None and claim and claim.get("problem"):
+                check = core.Note(core.UNSCHEDULABLE, claim["problem"])
+            answer = output.row_dict(row, check, True) if cluster else output.row_dict(row)
+            if claim is not None:
+                answer["claim"] = claim
+            rows.append(answer)
         workloads.append(output.workload_dict(document.source, document.number, plan, rows))
     if not workloads and not errors:
         errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
@@ -212,13 +265,14 @@ def _event(event: dict[str, Any]) -> dict[str, Any]:
 
 def run_explain(args) -> dict[str, Any]:
     name = pod_named(args.pod)
+    _rules(args)
     cluster, namespace = connect(args)
     pod = cluster.pod(namespace, name)
     if pod is None:
         raise UsageError(f'pods "{name}" not found in namespace {namespace}')
     answer: dict[str, Any] = {"namespace": namespace, "name": name,
                               "node": (pod.get("spec") or {}).get("nodeName") or None}
-    node_name, env = None, core.device_env_of(pod)
+    node_name, env, placement = None, core.device_env_of(pod), None
     try:
         if map_text(pod) is None:
             raise NotPlaceable("NoAnnotation", f"the pod has no {ANNOTATION} annotation")
@@ -243,6 +297,13 @@ def run_explain(args) -> dict[str, Any]:
     answer["nextResync"] = {"action": nxt.action, "node": nxt.node or None, "reason": nxt.reason,
                             "message": nxt.message}
     answer["placeable"] = nxt.placeable
+    if uses_dra(pod):
+        claim = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)
+        answer["claim"] = claim
+        if claim.get("problem") and unbound and nxt.action == "bind":  # bind's DynamicResources check
+            answer["nextResync"] = {"action": "wait", "node": node_name, "reason": core.UNSCHEDULABLE,
+                                    "message": claim["problem"]}
+            answer["placeable"] = False
     return answer
 
 

@@ -13,6 +13,8 @@ class Cluster:
         self.api = api
         self._nodes: dict[str, dict | None] = {}
         self._pods_on: dict[str, list[dict]] = {}
+        self._slices: list[dict] | None = None
+        self._claims: list[dict] | None = None
 
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
@@ -42,3 +44,24 @@ class Cluster:
     def events(self, pod: dict[str, Any]) -> list[dict]:
         meta = pod.get("metadata") or {}
         return self.api.list_events(meta.get("namespace", ""), f"involvedObject.uid={meta.get('uid', '')}")
+
+    # -- DRA mode ----------------------------------------------------------------------------------
+    def resource_slices(self) -> list[dict]:
+        """Every ResourceSlice (what each node publishes), read once."""
+        if self._slices is None:
+            self._slices = [item for page, _ in self.api.list_resource_slices() for item in page]
+        return self._slices
+
+    def resource_claims(self) -> list[dict]:
+        """Every ResourceClaim of the cluster (a device allocated in any of them is held), read once."""
+        if self._claims is None:
+            self._claims = [item for page, _ in self.api.list_resource_claims() for item in page]
+        return self._claims
+
+    def resource_claim(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.api.read_resource_claim(namespace, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise

@@ -88,10 +88,29 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
                 out.append(f"  not placed now: {who}: {pod['cluster']['message']}\n")
             for warning in pod["warnings"]:
                 out.append(f"  warning: {who}: {warning['message']}\n")
+            if pod.get("claim"):
+                out.append(f"  claim: {who}: {claim_text(pod['claim'], work['namespace'])}\n")
         for warning in work["warnings"]:
             out.append(f"  warning: {warning['message']}\n")
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
+
+
+def claim_text(claim: dict[str, Any], namespace: str) -> str:
+    """A DRA-mode pod's ResourceClaim in one line: name, class, state, devices."""
+    text = f"ResourceClaim {namespace}/{claim['name']} (DeviceClass {claim['deviceClass']})"
+    if "state" not in claim:
+        return text
+    text += f": {claim['state']}"
+    if claim["devices"]:
+        text += f" on {claim['node'] or '<no single node>'}: {', '.join(claim['devices'])}"
+    if claim["reservedFor"]:
+        text += f"; reserved for {', '.join(claim['reservedFor'])}"
+    if claim.get("wanted"):
+        text += f"; bind would allocate {', '.join(claim['wanted'])}"
+    if claim.get("problem"):
+        text += f"; bind cannot allocate: {claim['problem']}"
+    return text
 
 
 def explain_table(answer: dict[str, Any]) -> str:
@@ -110,6 +129,8 @@ def explain_table(answer: dict[str, Any]) -> str:
         lines.append(f"  matches the map entry ({check['mode']} mode)" if check["matches"] else
                      "  differs from the map entry: the pod was admitted without the webhook, or the map"
                      " changed after it was created")
+    if answer.get("claim"):
+        lines.append(f"DRA claim:      {claim_text(answer['claim'], answer['namespace'])}")
     condition = answer.get("podScheduled")
     if condition:
         detail = ", ".join(filter(None, (condition.get("reason"), condition.get("message"))))

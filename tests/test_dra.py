@@ -332,3 +332,32 @@ def test_the_finalizers_of_others_are_kept():
     body = created()
     body["metadata"]["finalizers"] = ["example.com/keep"]
     assert claim_step(body, POD, wanted()).body["metadata"]["finalizers"] == ["example.com/keep", FINALIZER]
+
+
+# -- what plan and explain show ----------------------------------------------------------------------
+@pytest.mark.parametrize("change, state", [
+    (None, "NotCreated"),
+    ({}, "NotAllocated"),
+    ({"allocated": True}, "Allocated"),
+    ({"allocated": True, "reservedFor": [{"resource": "pods", "name": "train-1", "uid": "u-pod"}]}, "Reserved"),
+    ({"allocated": True, "reservedFor": [{"resource": "pods", "name": "old", "uid": "u-old"}]}, "ReservedForAnother"),
+    ({"allocated": True, "deletionTimestamp": "2026-11-24T00:00:00Z"}, "Deleting"),
+])
+def test_a_claims_state_as_plan_and_explain_show_it(change, state):
+    pod = {"metadata": {"name": "train-1", "namespace": "team-a", "uid": "u-pod"}}
+    body = None
+    if change is not None:
+        body = claim("train-1-gpus", namespace="team-a",
+                     results=[Device(NVIDIA, "node1", "gpu-0")] if change.get("allocated") else (),
+                     **({"reservedFor": change["reservedFor"]} if "reservedFor" in change else {}))
+        if change.get("allocated"):
+            body["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["node1"]}]}]}
+        if "deletionTimestamp" in change:
+            body["metadata"]["deletionTimestamp"] = change["deletionTimestamp"]
+    shown = dra.claim_state(body, pod)
+    assert shown["state"] == state
+    if change and change.get("allocated"):
+        assert (shown["node"], shown["devices"]) == ("node1", [f"{NVIDIA}/node1/gpu-0"])
+    if change and "reservedFor" in change:
+        assert shown["reservedFor"] == [f"pods/{change['reservedFor'][0]['name']}"]

@@ -363,3 +363,26 @@ def test_the_readme_shows_what_the_command_prints(monkeypatch):
     monkeypatch.chdir(REPO)
     _, out, _ = run("plan", "-f", "check/statefulset.yaml")
     assert f"$ kubectl gpu-scheduler plan -f check/statefulset.yaml\n{out}```" in (REPO / "README.md").read_text()
+
+
+def test_plan_names_each_dra_replicas_claim_and_class(tmp_path):
+    """Offline, a DRA-mode workload's rows name the claim bind will create for each replica; the
+    class is the pod's annotation, else --dra-device-class (as bind's setting)."""
+    obj = json.loads(json.dumps(SEED))
+    obj["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/device-env"] = "dra"
+    path = write(tmp_path, obj)
+    code, out, err = run("plan", "-f", path, "-o", "json", "--dra-device-class", "test-driver.cdi.k8s.io")
+    rows = json.loads(out)["workloads"][0]["pods"]
+    assert (code, err) == (0, "")
+    assert [r["claim"] for r in rows[:2]] == [
+        {"name": "gpu-scheduler-check-0-gpus", "deviceClass": "test-driver.cdi.k8s.io"},
+        {"name": "gpu-scheduler-check-1-gpus", "deviceClass": "test-driver.cdi.k8s.io"}]
+    code, out, _ = run("plan", "-f", path)
+    assert ("claim: pod gpu-scheduler-check-0: ResourceClaim default/gpu-scheduler-check-0-gpus"
+            " (DeviceClass gpu.nvidia.com)") in out
+
+
+def test_bad_dra_device_rules_are_a_usage_error():
+    code, out, err = run("plan", "-f", SEED_FILE, "--dra-device-rules", '{"gpu.nvidia.com": {"name": "gpu"}}')
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --dra-device-rules: ") and "{index}" in err

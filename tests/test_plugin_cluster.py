@@ -11,6 +11,7 @@ import yaml
 from conftest import REPO
 from gpu_scheduler import permissions
 from kubectl_gpu_scheduler.cli import main
+from test_dra_cluster import admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
 
 SEED = yaml.safe_load((REPO / "check" / "statefulset.yaml").read_text())
 
@@ -151,3 +152,40 @@ def test_a_pod_of_another_scheduler_is_explained_as_not_ours(stack, namespace, r
     assert "NoAnnotation: the pod has no gpu-scheduling-map annotation" in out
     assert 'Next resync:    nothing: spec.schedulerName is "default-scheduler", not gpu-scheduler' in out
     assert "None" not in out
+
+
+def test_plan_and_explain_show_a_dra_pods_claim_before_and_after_bind_allocates_it(stack, namespace, reader,
+                                                                                     admin, gpus_on_node3, tmp_path):
+    """DRA mode: before, the claim bind would create and the devices it would allocate (or why it
+    cannot); after, the claim allocated on its node and reserved for the pod. As a user granted
+    exactly permissions.PLUGIN."""
+    pod = dra_pod(namespace, "p-2", "2=node3:1,2\n")
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod))
+    code, out, err = run("plan", "-f", str(manifest), "--cluster", "--kubeconfig", reader, "-o", "json")
+    [row] = json.loads(out)["workloads"][0]["pods"]
+    assert (code, err) == (0, "")
+    assert row["claim"] == {"name": "p-2-gpus", "deviceClass": "gpu.nvidia.com", "state": "NotCreated", "node": None,
+                            "devices": [], "reservedFor": [],
+                            "wanted": ["gpu.nvidia.com/node3/gpu-1", "gpu.nvidia.com/node3/gpu-2"]}
+
+    stack.apply(pod)
+    [bound] = stack.wait_bound(namespace, 1)
+    code, out, _ = run("explain", "pod/p-2", "-n", namespace, "--kubeconfig", reader, "-o", "json")
+    answer = json.loads(out)
+    assert code == 0 and answer["envCheck"] == {"matches": True, "mode": "dra"}
+    assert answer["claim"] == {"name": "p-2-gpus", "deviceClass": "gpu.nvidia.com", "state": "Reserved",
+                               "node": "node3", "reservedFor": ["pods/p-2"],
+                               "devices": ["gpu.nvidia.com/node3/gpu-1", "gpu.nvidia.com/node3/gpu-2"]}
+    code, out, _ = run("explain", "p-2", "-n", namespace, "--kubeconfig", reader)
+    assert (f"DRA claim:      ResourceClaim {namespace}/p-2-gpus (DeviceClass gpu.nvidia.com): Reserved on node3:"
+            " gpu.nvidia.com/node3/gpu-1, gpu.nvidia.com/node3/gpu-2; reserved for pods/p-2") in out
+
+    # Another replica asking for a device p-2's claim holds: plan names that claim.
+    other = dra_pod(namespace, "q-2", "2=node3:2\n")
+    manifest.write_text(yaml.safe_dump(other))
+    code, out, _ = run("plan", "-f", str(manifest), "--cluster", "--kubeconfig", reader)
+    assert code == 1
+    assert (f"claim: pod q-2: ResourceClaim {namespace}/q-2-gpus (DeviceClass gpu.nvidia.com): NotCreated;"
+            f" bind cannot allocate: map entry 2=node3:2: device 2 (gpu.nvidia.com/node3/gpu-2) is allocated in"
+            f" ResourceClaim {namespace}/p-2-gpus") in out
