@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functio
 
 venv: $(VENV)/.installed
 
-controlplane:  ## build Kubernetes 1.34, fetch etcd, containerd, runc, CNI plugins (once, cached)
+controlplane:  ## build Kubernetes 1.34 and its DRA test driver, fetch etcd, containerd, runc, CNI plugins (once, cached)
 	@bash localcp/build.sh
 
 demo: venv controlplane  ## the seed StatefulSet, placed on the local control plane

@@ -371,13 +371,15 @@ def seed_on_real_nodes(stack: LocalStack) -> dict:
 
 
 def node_memory_mb(stack: LocalStack) -> dict:
-    """Resident memory (VmRSS) of what the four nodes run, by kind: kubelets, containerds, and the
-    shims of the pods running then (one per pod)."""
+    """Resident memory (VmRSS) of what the four nodes run, by kind: kubelets, containerds, their
+    DRA drivers, and the shims of the pods running then (one per pod)."""
     kubelets = {stack.cp.processes[node.kubelet].pid for node in stack.nodes.nodes.values()}
     containerds = {stack.cp.processes[node.containerd].pid for node in stack.nodes.nodes.values()}
+    drivers = {stack.cp.processes[node.dra].pid for node in stack.nodes.nodes.values()}
     shims = {pid for node in stack.nodes.nodes.values() for pid in node._shims()}
     totals = {}
-    for kind, pids in (("kubelet", kubelets), ("containerd", containerds), ("containerd-shim", shims)):
+    for kind, pids in (("kubelet", kubelets), ("containerd", containerds), ("DRA driver", drivers),
+                       ("containerd-shim", shims)):
         rss = []
         for pid in pids:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():

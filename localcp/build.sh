@@ -3,11 +3,8 @@
 # keyed by version; exits at once when they are there.
 #   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet v1.34.0 (the
 #     kind node image's version) from a small generated Go module that requires
-#     k8s.io/kubernetes v1.34.0. That module's go.mod requires its staging modules (k8s.io/api,
-#     k8s.io/client-go, ...) at v0.0.0 and replaces them with its own ./staging tree; outside the
-#     kubernetes repo we replace each of them with the published v0.34.0 instead. Only versions
-#     that are exactly v0.0.0: k8s.io/utils and k8s.io/kube-openapi carry v0.0.0-<date>-<hash>
-#     pseudo-versions, which are real and have no v0.34.0.
+#     k8s.io/kubernetes v1.34.0, its staging modules replaced by their v0.34.0 releases
+#     (localcp/k8smodule.sh says why).
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
 # Modules come through the machine's own Go proxy configuration; Debian packages through the
@@ -27,6 +24,8 @@ have_etcd() { [ -x "$ETCD_DIR/bin/etcd" ]; }
 bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
 # helm, for the chart (chart/gpu-scheduler): here rather than last, as the line below exits early.
 bash "$(dirname "${BASH_SOURCE[0]}")/build-helm.sh"
+# Kubernetes' DRA test driver, the real nodes' DRA kubelet plugin (likewise before the exit).
+bash "$(dirname "${BASH_SOURCE[0]}")/build-dra.sh"
 if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
 
 for tool in go python3 apt-get dpkg; do
@@ -35,6 +34,8 @@ done
 
 # shellcheck source=localcp/debian.sh
 source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
+# shellcheck source=localcp/k8smodule.sh
+source "$(dirname "${BASH_SOURCE[0]}")/k8smodule.sh"
 
 build_etcd() {
   local start=$SECONDS
@@ -47,26 +48,13 @@ build_etcd() {
 }
 
 build_k8s() {
-  local mod="$CACHE/k8s-$K8S_VERSION/module" start=$SECONDS minor
+  local mod="$CACHE/k8s-$K8S_VERSION/module" start=$SECONDS
   rm -rf "$mod"; mkdir -p "$mod" "$BIN"
-  export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
   cd "$mod"
   log "kubernetes $K8S_VERSION: generating the build module"
-  go mod init gpu-scheduler.local/k8s-build >/dev/null 2>&1
-  local upstream
-  upstream=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
-  # Every requirement pinned at exactly v0.0.0 is a staging module: use its published release.
-  local staging=${K8S_VERSION/v1./v0.}
-  go mod edit -json "$upstream" | python3 -c '
-import json, sys
-for r in json.load(sys.stdin).get("Require") or []:
-    if r["Version"] == "v0.0.0":
-        print(r["Path"])' | while read -r path; do go mod edit -replace="$path=$path@$staging"; done
-  # Tell the binaries their version, as the release build does (kubectl version, discovery).
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  local v=k8s.io/component-base/version
-  local ldflags="-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  k8s_build_module k8s-build "$K8S_VERSION"
+  local ldflags
+  ldflags=$(k8s_ldflags "$K8S_VERSION")
   local pkgs=()
   for b in "${COMPONENTS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   log "kubernetes $K8S_VERSION: go build ${COMPONENTS[*]} (about 5 minutes on 2 cores, once)"

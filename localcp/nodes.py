@@ -1,6 +1,15 @@
 """Real nodes for the local stack: per node a kubelet (the control plane's version) and its own
-containerd (Debian's 1.6, with runc and the CNI plugins; localcp/build-node.sh), which run the
-pods that bind places. A kubelet removes sandboxes it does not know, so nodes share nothing.
+containerd (Debian trixie's 1.7, with bookworm's runc and CNI plugins; localcp/build-node.sh),
+which run the pods that bind places. A kubelet removes sandboxes it does not know, so nodes share
+nothing.
+
+Each node also runs Kubernetes' own DRA test driver (localcp/build-dra.sh) as its DRA kubelet
+plugin, with the kubelet's credentials (the Node authorizer lets a node manage its own
+ResourceSlices and read the claims of its pods): it publishes one ResourceSlice for the node, pool
+<node>, devices device-00..device-03 (as many as the node's nvidia.com/gpu; no attributes), and
+prepares a claim allocated on them by writing a CDI spec into the node's CDI directory, which
+containerd (enable_cdi) applies to the container: env claim_<claim>_<request>=true. One
+DeviceClass, DRA_DRIVER, selects its devices.
 
 Each node keeps everything it changes to itself, and nothing outlives the stack:
 - A mount namespace per node (a holder process; containerd and the kubelet enter it). It has
@@ -15,14 +24,15 @@ Each node keeps everything it changes to itself, and nothing outlives the stack:
   (10.96.0.1): in the in-cluster stack, localcp/podnet.py listens there for the API server.
   Nothing else sends pods traffic.
 - Its own directory under the stack's run directory: containerd root, state, socket, config,
-  CNI configuration and IPAM state, the kubelet's root, pod logs and certificates.
+  CNI configuration and IPAM state, CDI specs, the kubelet's root (with the DRA driver's sockets),
+  pod logs and certificates.
 - Its own cgroup root (/gpu-scheduler-<run>-<node> in each v1 hierarchy), created before the
   kubelet starts and removed after everything stopped.
 - Its own loopback address, 127.0.0.1x: the kubelet listens there, and the API server, which
   resolves the node names to these addresses in a private /etc/hosts, reaches it by Hostname.
 
 Stopping: pods are deleted through the API first (workload controllers first, so nothing comes
-back), then each kubelet, then what containerd still runs, containerd itself, any shim of ours,
+back), then each kubelet, its DRA driver, what containerd still runs, containerd itself, any shim of ours,
 the holder (mounts, network namespaces, veths), and the cgroups. leftovers() lists what would
 remain; the tests require it to be empty.
 """
@@ -40,12 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import images, pki
-from .cluster import BIN, NODES, ControlPlane, ProcessFailed, free_port
+from .cluster import BIN, CACHE, KUBERNETES_VERSION, NODES, ControlPlane, ProcessFailed, free_port
 from .podnet import KUBERNETES_SERVICE, SERVICE_RANGE
 
-NODE_BIN = images.NODE_DIR / "bin"
+NODE_BIN = images.NODE_DIR / "bin"  # runc
 CNI_BIN = images.NODE_DIR / "cni"
+CONTAINERD_BIN = CACHE / "containerd-trixie" / "bin"  # containerd, its shim, ctr: localcp/build-node.sh
 GPUS = "4"
+DRA_DRIVER = "test-driver.cdi.k8s.io"  # the test driver's default name; also its DeviceClass's
+DRA_DRIVER_BIN = CACHE / f"dra-test-driver-{KUBERNETES_VERSION}" / "bin" / "dra-test-driver"  # localcp/build-dra.sh
 # The values the kubelet wants (pkg/kubelet/cm: setupKernelTunables); it sets them machine-wide
 # unless they already read so.
 KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
@@ -53,6 +66,12 @@ KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/
                    "kernel/keys/root_maxbytes": "25000000"}
 PRIVATE_TMPFS = ("/run", "/var/log", "/var/lib")
 WORKLOADS = "statefulsets,deployments,replicasets,daemonsets,jobs"
+
+
+def device_class(name: str = DRA_DRIVER) -> dict:
+    """The DeviceClass of the DRA test driver's devices."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]}}
 
 
 def node_addresses(names=NODES) -> dict[str, str]:
@@ -102,13 +121,17 @@ class Node:
     def containerd(self) -> str:
         return f"containerd-{self.name}"
 
+    @property
+    def dra(self) -> str:
+        return f"dra-{self.name}"
+
     def kubelet_running(self) -> bool:
         process = self.cp.processes.get(self.kubelet)
         return process is not None and process.poll() is None
 
     # -- start -----------------------------------------------------------------------------------
     def start_runtime(self, loaded: list[images.Image]) -> None:
-        for sub in ("sysctl", "cni-bin", "cni-conf", "cni-ipam", "kubelet", "pod-logs", "volume-plugins"):
+        for sub in ("sysctl", "cni-bin", "cni-conf", "cni-ipam", "cdi", "kubelet", "pod-logs", "volume-plugins"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._start_holder()
         self._make_cgroups()
@@ -192,7 +215,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
-  enable_cdi = false
+  # The DRA driver's CDI specs (claim env), written into the node's own directory.
+  enable_cdi = true
+  cdi_spec_dirs = ["{d / 'cdi'}"]
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -206,13 +231,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     bin_dir = "{d / 'cni-bin'}"
     conf_dir = "{d / 'cni-conf'}"
 """)
-        env = {**os.environ, "PATH": f"{NODE_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        self.cp._spawn(self.containerd, self._in_namespace([str(NODE_BIN / "containerd"), "--config", str(config)]),
+        env = {**os.environ, "PATH": f"{CONTAINERD_BIN}:{NODE_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.cp._spawn(self.containerd, self._in_namespace([str(CONTAINERD_BIN / "containerd"), "--config", str(config)]),
                        env=env)
         self.cp._wait(self.containerd, lambda: self.ctr("version", check=False).returncode == 0, "its socket", 30)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([str(NODE_BIN / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args],
+        return subprocess.run([str(CONTAINERD_BIN / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args],
                               capture_output=True, text=True, check=check)
 
     def _kubelet_files(self) -> tuple[Path, Path]:
@@ -250,9 +275,27 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     def stop_kubelet(self) -> None:
         self.cp._terminate(self.kubelet)
 
+    def start_dra(self, devices: int = int(GPUS)) -> None:
+        """The DRA test driver as this node's kubelet plugin: its registration socket in the
+        kubelet's plugins_registry, its DRA socket in plugins/<driver>, CDI specs in cdi/. It
+        talks to the API server as the node (the kubelet's kubeconfig)."""
+        kubelet_root = self.dir / "kubelet"
+        for sub in ("plugins_registry", f"plugins/{DRA_DRIVER}"):
+            (kubelet_root / sub).mkdir(parents=True, exist_ok=True)
+        self.cp._spawn(self.dra, self._in_namespace([
+            str(DRA_DRIVER_BIN), "--kubeconfig", str(self.dir / "kubelet.kubeconfig"), "--v=3",
+            "kubelet-plugin", "--node-name", self.name, "--num-devices", str(devices),
+            "--cdi-dir", str(self.dir / "cdi"), "--datadir", str(kubelet_root / "plugins"),
+            "--plugin-registration-path", str(kubelet_root / "plugins_registry")]))
+
+    def dra_running(self) -> bool:
+        process = self.cp.processes.get(self.dra)
+        return process is not None and process.poll() is None
+
     # -- stop ------------------------------------------------------------------------------------
     def stop(self) -> None:
         self.stop_kubelet()
+        self.cp._terminate(self.dra)  # after the kubelet: it unprepares claims of pods it stops
         if self.holder is None:
             return
         if self.cp.processes.get(self.containerd) and self.cp.processes[self.containerd].poll() is None:
@@ -356,11 +399,43 @@ class Nodes:
             for node in self.nodes.values():
                 node.start_kubelet()
             self.wait_ready(timeout)
+            self.start_dra()
         except BaseException:
             self.stop()
             raise
-        self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready
+        self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready, slices out
         return self
+
+    # -- DRA -----------------------------------------------------------------------------------
+    def start_dra(self, timeout: float = 30) -> None:
+        """The DRA test driver on every node, its DeviceClass, and each node's ResourceSlice
+        published (the drivers start once the nodes exist: a slice's owner is its Node)."""
+        for node in self.nodes.values():
+            node.start_dra()
+        try:
+            self.cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                raise
+        deadline = time.monotonic() + timeout
+        while set(self.resource_slices()) != set(self.nodes):
+            for node in self.nodes.values():
+                if not node.dra_running():
+                    raise ProcessFailed(f"{node.dra} exited:\n{self.cp.log_tail(node.dra)}")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"ResourceSlices of {DRA_DRIVER}: only {sorted(self.resource_slices())} after "
+                                    f"{timeout}s:\n" + "\n".join(self.cp.log_tail(n.dra, 10) for n in self.nodes.values()))
+            time.sleep(0.3)
+
+    def resource_slices(self) -> dict[str, list[str]]:
+        """node -> the names of the devices the DRA driver publishes for it."""
+        slices = json.loads(self.cp.get("/apis/resource.k8s.io/v1/resourceslices"))["items"]
+        found: dict[str, list[str]] = {}
+        for item in slices:
+            spec = item["spec"]
+            if spec["driver"] == DRA_DRIVER and spec.get("nodeName") in self.nodes:
+                found.setdefault(spec["nodeName"], []).extend(d["name"] for d in spec.get("devices") or [])
+        return found
 
     def node(self, name: str) -> dict:
         return json.loads(self.cp.get(f"/api/v1/nodes/{name}"))
