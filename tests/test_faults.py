@@ -156,8 +156,10 @@ def test_the_api_server_killed_three_times_mid_rollout_every_replica_is_bound_wi
     event source is held throughout: after a restart the real adapter can be silent for minutes."""
     with LocalStack() as own:
         own.source.paused = True
-        for rollout in range(3):
-            namespace = own.create_namespace(f"outage-{rollout}")
+        # The namespaces first: their default ServiceAccounts come from kube-controller-manager,
+        # whose own watches back off after each outage; what is tested here is bind's recovery.
+        namespaces = [own.create_namespace(f"outage-{rollout}") for rollout in range(3)]
+        for rollout, namespace in enumerate(namespaces):
             # Each rollout its own device on every node: three workloads side by side.
             own.apply(statefulset(namespace, "".join(f"{i}=node{i % 4 + 1}:{rollout}\n" for i in range(40)),
                                   replicas=40))
