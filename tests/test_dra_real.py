@@ -69,10 +69,10 @@ def test_each_replica_runs_with_the_driver_prepared_claim_of_exactly_its_devices
                                                 f"{','.join(str(i) for i in range(len(devices)))} {injected}")
 
 
-def test_kube_scheduler_gives_a_pod_a_device_bind_did_not_allocate_on_the_same_node(real_stack, ns):
+def test_kube_scheduler_and_bind_never_give_one_device_twice_on_the_same_node(real_stack, ns):
     """bind allocates device-02 and device-03 of node4; a pod of the default scheduler asking for
     any device of the driver on node4 is given device-00 or device-01 by kube-scheduler, and runs
-    with its own claim prepared."""
+    with its own claim prepared; a DRA pod whose entry names that device is then refused by bind."""
     real_stack.apply(dra_statefulset(ns))
     real_stack.wait_for(lambda: running(real_stack, ns, 5), 120, "5 DRA check pods Running")
     real_stack.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -95,3 +95,23 @@ def test_kube_scheduler_gives_a_pod_a_device_bind_did_not_allocate_on_the_same_n
     assert pod["spec"]["nodeName"] == "node4" and result["pool"] == "node4"
     assert result["device"] in ("device-00", "device-01")  # not bind's device-02 or device-03
     assert "claim_" in logged(real_stack, ns, "theirs")
+
+    # And the other way: a DRA pod whose entry names the device kube-scheduler gave is refused,
+    # naming that claim, and nothing is written for it.
+    index = int(result["device"][-2:])
+    mine = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "late-0", "namespace": ns,
+                         "annotations": {"gpu-scheduling-map": f"0=node4:{index}\n",
+                                         "gpu-scheduler/device-env": "dra",
+                                         "gpu-scheduler/device-class": DRA_DRIVER}},
+            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "registry.invalid/none"}]}}
+    real_stack.apply(mine)
+
+    def refused():
+        pod = json.loads(real_stack.cp.get(f"/api/v1/namespaces/{ns}/pods/late-0"))
+        return next((c["message"] for c in pod["status"].get("conditions", [])
+                     if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"), None)
+
+    message = real_stack.wait_for(refused, 30, "bind refusing late-0")
+    assert message.endswith(f"map entry 0=node4:{index}: device {index} ({DRA_DRIVER}/node4/{result['device']}) is"
+                            f" allocated in ResourceClaim {ns}/{status['resourceClaimName']}")
