@@ -212,7 +212,7 @@ class BoundWatch:
 
 
 def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | None = None,
-                    dra: bool = False) -> dict:
+                    dra: bool = False, cpu: bool = False) -> dict:
     """n pods created one after another by one creator, all carrying the seed-style map (so the
     webhook runs for every one), placed either by bind (schedulerName gpu-scheduler, through the
     event source) or by kube-scheduler (default scheduler, pinned by nodeSelector to the node the
@@ -221,13 +221,18 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     claim before binding it); kube-scheduler's each ask for one device of class gpu.nvidia.com
     through the namespace's ResourceClaimTemplate (the resourceclaim controller creates the claim,
     kube-scheduler allocates and reserves it before binding). Their claims are gone before this
-    returns, so the next run finds every device free."""
+    returns, so the next run finds every device free.
+    cpu: also the CPU each process of the stack used per pod, from the first create until the last
+    pod was seen bound (bench/profile.py's meter)."""
     namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
     map_text = map_text or map_for(n)
     if dra and placed_by == "kube-scheduler":
         stack.cp.request("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
                          one_gpu_template(namespace))
     watch = BoundWatch(stack, namespace)
+    if cpu:
+        from bench.profile import cpu_meter  # (bench.profile imports this module)
+        meter = cpu_meter(stack)
     started = time.perf_counter()
     for i in range(n):
         body = pod(namespace, i, map_text)
@@ -244,12 +249,16 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     deadline = time.perf_counter() + 300
     while len(watch.bound) < n and time.perf_counter() < deadline:
         time.sleep(0.02)
+    used = meter() if cpu else {}
     watch.stop()
     if len(watch.bound) < n:
         release(stack, namespace)
         raise RuntimeError(f"{placed_by}{' (DRA)' if dra else ''}: only {len(watch.bound)} of {n} pods bound")
     done = max(watch.bound.values()) - started
-    figures = {"create_per_s": n / created, "bound_per_s": n / done}
+    # The last pod bound after the last was created: how far placement trails creation.
+    figures = {"create_per_s": n / created, "bound_per_s": n / done, "tail_s": done - created}
+    if cpu:
+        figures["cpu_ms_per_pod"] = {name: round(ms / n, 2) for name, ms in used.items()}
     if dra:  # (after the timing) every pod bound holds its own reserved claim
         figures["claims_allocated"] = sum(1 for c in claims(stack, namespace)
                                           if (c.get("status") or {}).get("allocation")
@@ -353,11 +362,14 @@ def dra_peers(stack: LocalStack, n: int, reps: int) -> dict:
         for rep in range(reps):
             for mode in DRA_MODES[rep % 3:] + DRA_MODES[:rep % 3]:
                 placed_by = "kube-scheduler" if mode.startswith("kube-scheduler") else "bind"
-                runs[mode].append(create_to_bound(stack, n, placed_by, map_text, dra=mode.endswith("dra")))
+                runs[mode].append(create_to_bound(stack, n, placed_by, map_text, dra=mode.endswith("dra"), cpu=True))
     finally:
         unpublish_gpus(stack, slices)
     figures: dict = {mode: {"bound_per_s": statistics.median(r["bound_per_s"] for r in rs),
-                            "create_per_s": statistics.median(r["create_per_s"] for r in rs), "runs": rs}
+                            "create_per_s": statistics.median(r["create_per_s"] for r in rs),
+                            "tail_s": statistics.median(r["tail_s"] for r in rs),
+                            "cpu_ms_per_pod": {name: statistics.median(r["cpu_ms_per_pod"][name] for r in rs)
+                                               for name in rs[0]["cpu_ms_per_pod"]}, "runs": rs}
                      for mode, rs in runs.items()}
     figures["dra_over_env"] = figures["bind-dra"]["bound_per_s"] / figures["bind-env"]["bound_per_s"]
     figures["bind_dra_over_kube_scheduler_dra"] = (figures["bind-dra"]["bound_per_s"]
@@ -370,11 +382,17 @@ def dra_rows(d: dict) -> list[str]:
     """The DRA figures as table rows (reported: no goal)."""
     per_s = " / ".join(f"{d[m]['bound_per_s']:.0f}" for m in DRA_MODES)
     created = " / ".join(f"{d[m]['create_per_s']:.0f}" for m in DRA_MODES)
+    tail = " / ".join(f"{d[m]['tail_s'] * 1000:.0f}" if "tail_s" in d[m] else "-" for m in DRA_MODES)
     return [f"{'create-to-bound, ' + str(d['pods']) + ' pods each own GPU, pods/s:':<62} {'':>20} {'(report)':>12}",
             f"{'  bind env mode / bind DRA mode / kube-scheduler 1.34 DRA':<62} {per_s:>20}",
             f"{'  bind DRA / bind env; bind DRA / kube-scheduler DRA':<62} "
             f"{d['dra_over_env']:>9.2f}; {d['bind_dra_over_kube_scheduler_dra']:.2f}",
-            f"{'  pod creation rate in the same runs (/s)':<62} {created:>20}"]
+            f"{'  pod creation rate in the same runs (/s)':<62} {created:>20}",
+            f"{'  last pod bound after the last created (ms)':<62} {tail:>20}"] + [
+            f"  CPU ms per pod, {m}: " + ", ".join(
+                f"{name.split(' ')[0]} {ms:.1f}" for name, ms in sorted(d[m]["cpu_ms_per_pod"].items(), key=lambda kv: -kv[1])
+                if ms >= 0.05)
+            for m in DRA_MODES if "cpu_ms_per_pod" in d[m]]
 
 
 # -- 2. admission overhead --------------------------------------------------------------------
