@@ -1,5 +1,5 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra]
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -35,9 +35,12 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if "peers" in only:
+    if only & {"peers", "dra"}:
         with LocalStack() as stack:
-            results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
+            if "peers" in only:
+                results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
+            if "dra" in only:  # not in the default: bench.run has it
+                results["dra_peers"] = run.dra_peers(stack, args.pods, args.reps)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -60,6 +63,10 @@ def main() -> int:
                   f"{value['kube-scheduler']['bound_per_s']:.1f}/s; creation {value['bind']['create_per_s']:.1f}/"
                   f"{value['kube-scheduler']['create_per_s']:.1f}/s) runs {json.dumps(value['bind']['runs'])} "
                   f"{json.dumps(value['kube-scheduler']['runs'])}")
+        elif key == "dra_peers":
+            print("\n".join(run.dra_rows(value)))
+            print("runs " + json.dumps({m: [round(r["bound_per_s"], 1) for r in value[m]["runs"]] for m in run.DRA_MODES})
+                  + f" claims allocated {[r['claims_allocated'] for m in run.DRA_MODES[1:] for r in value[m]['runs']]}")
         elif key == "cold_start_s":
             print("cold start " + ", ".join(f"{t} {statistics.median(v):.2f} s" for t, v in value.items()))
         else:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from kubernetes import client, config
 from bench import hostile, scale
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
-from localcp.cluster import REPO, ensure_built, free_port
+from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
 from localcp.eventsource import Sender, cloudevent_headers
 from localcp.stack import LocalStack
 from tests.fixtures import SAMPLES
@@ -210,33 +211,64 @@ class BoundWatch:
         self._thread.join(timeout=5)
 
 
-def create_to_bound(stack: LocalStack, n: int, placed_by: str) -> dict:
+def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | None = None,
+                    dra: bool = False, cpu: bool = False) -> dict:
     """n pods created one after another by one creator, all carrying the seed-style map (so the
     webhook runs for every one), placed either by bind (schedulerName gpu-scheduler, through the
     event source) or by kube-scheduler (default scheduler, pinned by nodeSelector to the node the
-    map names). Pods per second from the first create to the last binding."""
+    map names). Pods per second from the first create to the last binding.
+    dra: bind's pods are annotated for DRA mode (bind creates, allocates and reserves each pod's
+    claim before binding it); kube-scheduler's each ask for one device of class gpu.nvidia.com
+    through the namespace's ResourceClaimTemplate (the resourceclaim controller creates the claim,
+    kube-scheduler allocates and reserves it before binding). Their claims are gone before this
+    returns, so the next run finds every device free.
+    cpu: also the CPU each process of the stack used per pod, from the first create until the last
+    pod was seen bound (bench/profile.py's meter)."""
     namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
-    map_text = map_for(n)
+    map_text = map_text or map_for(n)
+    if dra and placed_by == "kube-scheduler":
+        stack.cp.request("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
+                         one_gpu_template(namespace))
     watch = BoundWatch(stack, namespace)
+    if cpu:
+        from bench.profile import cpu_meter  # (bench.profile imports this module)
+        meter = cpu_meter(stack)
     started = time.perf_counter()
     for i in range(n):
         body = pod(namespace, i, map_text)
         if placed_by == "kube-scheduler":
             body["spec"]["schedulerName"] = "default-scheduler"
             body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": f"node{i % 4 + 1}"}
+            if dra:
+                body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": ONE_GPU}]
+                body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        elif dra:
+            body["metadata"]["annotations"][DEVICE_ENV] = "dra"
         stack.api.create_namespaced_pod(namespace, body, _preload_content=False)
     created = time.perf_counter() - started
     deadline = time.perf_counter() + 300
     while len(watch.bound) < n and time.perf_counter() < deadline:
         time.sleep(0.02)
+    used = meter() if cpu else {}
     watch.stop()
     if len(watch.bound) < n:
-        raise RuntimeError(f"{placed_by}: only {len(watch.bound)} of {n} pods bound")
+        release(stack, namespace)
+        raise RuntimeError(f"{placed_by}{' (DRA)' if dra else ''}: only {len(watch.bound)} of {n} pods bound")
     done = max(watch.bound.values()) - started
+    # The last pod bound after the last was created: how far placement trails creation.
+    figures = {"create_per_s": n / created, "bound_per_s": n / done, "tail_s": done - created}
+    if cpu:
+        figures["cpu_ms_per_pod"] = {name: round(ms / n, 2) for name, ms in used.items()}
+    if dra:  # (after the timing) every pod bound holds its own reserved claim
+        figures["claims_allocated"] = sum(1 for c in claims(stack, namespace)
+                                          if (c.get("status") or {}).get("allocation")
+                                          and (c.get("status") or {}).get("reservedFor"))
     # Bound pods on nodes without kubelets would stay Terminating: remove them at once, so that
     # kube-scheduler's pod count per node starts from the same place for every run.
     release(stack, namespace)
-    return {"create_per_s": n / created, "bound_per_s": n / done}
+    if dra:
+        stack.wait_for(lambda: not claims(stack, namespace), 120, f"the claims of {namespace} gone")
+    return figures
 
 
 def placement_peers(stack: LocalStack, n: int, reps: int) -> dict:
@@ -250,6 +282,117 @@ def placement_peers(stack: LocalStack, n: int, reps: int) -> dict:
     figures["ratio"] = figures["bind"]["bound_per_s"] / figures["kube-scheduler"]["bound_per_s"]
     figures["pods"] = n
     return figures
+
+
+# -- 1c. DRA mode: bind in env mode, bind in DRA mode, kube-scheduler with DRA -----------------------
+RESOURCE = "/apis/resource.k8s.io/v1"
+NVIDIA = "gpu.nvidia.com"  # the driver, and the DeviceClass named after it (bind's default class)
+DEVICE_ENV = "gpu-scheduler/device-env"
+ONE_GPU = "one-gpu"
+SLICE_MAX_DEVICES = 128  # resource.k8s.io/v1: at most 128 devices in one ResourceSlice
+DRA_MODES = ("bind-env", "bind-dra", "kube-scheduler-dra")
+
+
+def distinct_map_for(n: int) -> str:
+    """Entry i on node (i mod 4) + 1, device i div 4: every pod its own device (in DRA mode a
+    device goes to one claim only)."""
+    return "".join(f"{i}=node{i % 4 + 1}:{i // 4}\n" for i in range(n))
+
+
+def one_gpu_template(namespace: str) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": ONE_GPU, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": NVIDIA, "allocationMode": "ExactCount", "count": 1}}]}}}}
+
+
+def claims(stack: LocalStack, namespace: str) -> list[dict]:
+    return json.loads(stack.cp.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims"))["items"]
+
+
+def publish_gpus(stack: LocalStack, per_node: int) -> list[str]:
+    """node1..node4 publish gpu-0..gpu-<per_node - 1> (attribute index), as NVIDIA's DRA driver
+    names them, in one pool per node (slices of at most 128 devices); the DeviceClass
+    gpu.nvidia.com for kube-scheduler; and each Node's nvidia.com/gpu raised to per_node, as bind
+    checks a map's device index against it. The slices' names, for unpublish_gpus."""
+    names = []
+    chunks = [range(start, min(start + SLICE_MAX_DEVICES, per_node)) for start in range(0, per_node, SLICE_MAX_DEVICES)]
+    for node in ("node1", "node2", "node3", "node4"):
+        for k, chunk in enumerate(chunks):
+            name = f"{node}-bench-gpus-{k}"
+            stack.cp.request("POST", f"{RESOURCE}/resourceslices", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                "spec": {"driver": NVIDIA, "nodeName": node,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": len(chunks)},
+                         "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}} for i in chunk]}})
+            names.append(name)
+        gpus = str(max(per_node, int(GPUS_PER_NODE)))
+        stack.cp.request("PATCH", f"/api/v1/nodes/{node}/status",
+                         {"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}},
+                         "application/strategic-merge-patch+json")
+    try:
+        stack.cp.request("POST", f"{RESOURCE}/deviceclasses", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NVIDIA},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NVIDIA}"'}}]}})
+    except urllib.error.HTTPError as error:
+        if error.code != 409:  # already there
+            raise
+    return names
+
+
+def unpublish_gpus(stack: LocalStack, names: list[str]) -> None:
+    for name in names:
+        stack.cp.request("DELETE", f"{RESOURCE}/resourceslices/{name}")
+    for node in ("node1", "node2", "node3", "node4"):
+        stack.cp.request("PATCH", f"/api/v1/nodes/{node}/status",
+                         {"status": {"capacity": {"nvidia.com/gpu": GPUS_PER_NODE},
+                                     "allocatable": {"nvidia.com/gpu": GPUS_PER_NODE}}},
+                         "application/strategic-merge-patch+json")
+
+
+def dra_peers(stack: LocalStack, n: int, reps: int) -> dict:
+    """Create-to-bound (as placement_peers) for the same n pods and map (every pod its own device),
+    placed by bind in env mode, by bind in DRA mode, and by kube-scheduler 1.34 with a claim from
+    a ResourceClaimTemplate for one device of the class, pinned by nodeSelector. The three
+    alternate, their order rotated every repetition; medians."""
+    map_text = distinct_map_for(n)
+    slices = publish_gpus(stack, (n + 3) // 4)
+    runs: dict[str, list[dict]] = {mode: [] for mode in DRA_MODES}
+    try:
+        for rep in range(reps):
+            for mode in DRA_MODES[rep % 3:] + DRA_MODES[:rep % 3]:
+                placed_by = "kube-scheduler" if mode.startswith("kube-scheduler") else "bind"
+                runs[mode].append(create_to_bound(stack, n, placed_by, map_text, dra=mode.endswith("dra"), cpu=True))
+    finally:
+        unpublish_gpus(stack, slices)
+    figures: dict = {mode: {"bound_per_s": statistics.median(r["bound_per_s"] for r in rs),
+                            "create_per_s": statistics.median(r["create_per_s"] for r in rs),
+                            "tail_s": statistics.median(r["tail_s"] for r in rs),
+                            "cpu_ms_per_pod": {name: statistics.median(r["cpu_ms_per_pod"][name] for r in rs)
+                                               for name in rs[0]["cpu_ms_per_pod"]}, "runs": rs}
+                     for mode, rs in runs.items()}
+    figures["dra_over_env"] = figures["bind-dra"]["bound_per_s"] / figures["bind-env"]["bound_per_s"]
+    figures["bind_dra_over_kube_scheduler_dra"] = (figures["bind-dra"]["bound_per_s"]
+                                                   / figures["kube-scheduler-dra"]["bound_per_s"])
+    figures["pods"], figures["reps"] = n, reps
+    return figures
+
+
+def dra_rows(d: dict) -> list[str]:
+    """The DRA figures as table rows (reported: no goal)."""
+    per_s = " / ".join(f"{d[m]['bound_per_s']:.0f}" for m in DRA_MODES)
+    created = " / ".join(f"{d[m]['create_per_s']:.0f}" for m in DRA_MODES)
+    tail = " / ".join(f"{d[m]['tail_s'] * 1000:.0f}" if "tail_s" in d[m] else "-" for m in DRA_MODES)
+    return [f"{'create-to-bound, ' + str(d['pods']) + ' pods each own GPU, pods/s:':<62} {'':>20} {'(report)':>12}",
+            f"{'  bind env mode / bind DRA mode / kube-scheduler 1.34 DRA':<62} {per_s:>20}",
+            f"{'  bind DRA / bind env; bind DRA / kube-scheduler DRA':<62} "
+            f"{d['dra_over_env']:>9.2f}; {d['bind_dra_over_kube_scheduler_dra']:.2f}",
+            f"{'  pod creation rate in the same runs (/s)':<62} {created:>20}",
+            f"{'  last pod bound after the last created (ms)':<62} {tail:>20}"] + [
+            f"  CPU ms per pod, {m}: " + ", ".join(
+                f"{name.split(' ')[0]} {ms:.1f}" for name, ms in sorted(d[m]["cpu_ms_per_pod"].items(), key=lambda kv: -kv[1])
+                if ms >= 0.05)
+            for m in DRA_MODES if "cpu_ms_per_pod" in d[m]]
 
 
 # -- 2. admission overhead --------------------------------------------------------------------
@@ -463,6 +606,8 @@ def table(results: dict) -> str:
         goal_row(f"peak RSS: {target} (MB)", f"{mb:.1f}", "rss", mb)
     rows.append("")
     rows.append("other figures:")
+    if results.get("dra_peers"):
+        rows += dra_rows(results["dra_peers"])
     labels = {"5": "5-entry map", "1000": "1000-entry map, as replicas see it",
               "1000, every map new": "1000-entry map, new on every request"}
     for key, h in results["handler"].items():
@@ -527,6 +672,8 @@ def main() -> int:
         # First: the StatefulSet's replicas stay bound to the four nodes (no kubelets remove
         # them), past the nodes' pod capacity, where kube-scheduler would place nothing more.
         results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
+        print("bench: create to bound in DRA mode: bind env / bind DRA / kube-scheduler DRA", flush=True)
+        results["dra_peers"] = dra_peers(stack, n if args.smoke else 300, reps)
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
     results["scale"] = scale.run(args.smoke, args.scale)
     if not args.no_real_nodes:
