@@ -98,3 +98,36 @@ def test_a_failed_listing_is_retried_with_backoff_and_then_relisted_whole(monkey
         time.sleep(0.01)
     assert view.listings[:2] == [["a"], ["b"]]  # the outage, then a listing after each 410
     assert made.calls["watch_from"][:2] == ["20", "30"]
+
+
+def test_an_optional_kind_the_api_server_does_not_serve_is_an_empty_synced_view_until_it_is(monkeypatch):
+    """DRA's kinds on an API server before 1.34 (404): bind is ready with no slices and no claims,
+    rather than never ready, and lists again later in case the API is turned on."""
+    from kubernetes.client.exceptions import ApiException
+
+    monkeypatch.setattr(informers, "NOT_SERVED_RETRY_SECONDS", 0.05)
+    view = View()
+    made = informer(view, [ApiException(status=404), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
+    made.optional = True
+    thread = threading.Thread(target=made._run, daemon=True)
+    thread.start()
+    assert made.synced.wait(5)
+    assert view.listings[0] == [] and made.served is False
+    deadline = time.monotonic() + 5
+    while len(view.listings) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert view.listings[1] == ["a"] and made.served is True
+
+
+def test_a_404_of_a_kind_bind_needs_is_retried_as_any_failure(monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    monkeypatch.setattr(informers, "FIRST_RETRY_SECONDS", 0.01)
+    view = View()
+    made = informer(view, [ApiException(status=404), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
+    thread = threading.Thread(target=made._run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not view.listings and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert view.listings[0] == ["a"] and made.served is True  # never an empty view for pods or nodes

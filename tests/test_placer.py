@@ -625,3 +625,16 @@ def test_dra_a_pod_asking_for_dra_admitted_without_the_webhook_is_refused_until_
     attempt = placer._place(pod)
     assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "Map"
     assert "admitted without gpu-scheduler's webhook" in attempt.outcome["message"] and claim_writes(api) == []
+
+
+def test_dra_a_pod_on_an_api_server_without_dra_is_refused_saying_so():
+    """Before Kubernetes 1.34 the DRA watches find no resource.k8s.io/v1 (404): bind is ready with
+    empty views, and a DRA pod is refused with the reason, writing nothing."""
+    placer, api = dra_placer()
+    for informer in placer.views.informers:
+        if informer.optional:
+            informer.served = False
+    attempt = placer._place(copy.deepcopy(DRA_POD))
+    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
+    assert "does not serve resource.k8s.io/v1" in attempt.outcome["message"]
+    assert claim_writes(api) == []

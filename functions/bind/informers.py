@@ -11,11 +11,13 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import prometheus_client as prom
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("bind")
 WATCH_SECONDS = 300  # one watch request; the next continues from its last resourceVersion
 FIRST_RETRY_SECONDS = 0.2
 MAX_RETRY_SECONDS = 2.0  # an API server back from a restart is listed again within this long
+NOT_SERVED_RETRY_SECONDS = 60.0  # an optional API the server does not serve (404): looked for again
 WATCH_EVENTS = prom.Counter("gpu_scheduler_bind_watch_events_total", "Changes taken from watches", ["view"])
 LISTINGS = prom.Counter("gpu_scheduler_bind_listings_total", "Listings made (start, 410, a broken watch)", ["view"])
 
@@ -32,8 +34,13 @@ class Informer:
     `list_pages()` and `watch(version, seconds)`. `synced` is set once the first listing is in."""
 
     def __init__(self, name: str, list_pages: Callable[[], Pages], watch: Callable[[str, int], Events],
-                 replace: Callable[[Iterable[list[dict]]], None], apply: Callable[[str, Mapping[str, Any]], None]):
+                 replace: Callable[[Iterable[list[dict]]], None], apply: Callable[[str, Mapping[str, Any]], None],
+                 optional: bool = False):
         self.name = name
+        # An optional kind (DRA's, before Kubernetes 1.34) that the API server answers 404 for is an
+        # empty view, synced, so that readiness does not wait for an API that will not come.
+        self.optional = optional
+        self.served = True
         self._list, self._watch, self._replace, self._apply = list_pages, watch, replace, apply
         self.synced = threading.Event()
         self.version = ""  # the resourceVersion the view is at: its listing's, then each event's
@@ -56,10 +63,22 @@ class Informer:
             except WatchGone as gone:
                 log.info("watch ended; listing again", extra={"view": self.name, "detail": str(gone)[:200]})
             except Exception as error:  # an outage, a 403 "not yet ready", a broken stream: list again
+                if self.optional and isinstance(error, ApiException) and error.status == 404:
+                    self._not_served()
+                    continue
                 log.info("watch failed; listing again", extra={"view": self.name, "detail": str(error)[:200],
                                                                "retry_in_s": delay})
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
+
+    def _not_served(self) -> None:
+        if self.served:
+            log.warning("not served by the API server: an empty view until it is",
+                        extra={"view": self.name, "retry_in_s": NOT_SERVED_RETRY_SECONDS})
+            self.served = False
+            self._replace(iter(()))
+        self.synced.set()
+        time.sleep(NOT_SERVED_RETRY_SECONDS)
 
     def _list_once(self) -> str:
         LISTINGS.labels(self.name).inc()
@@ -73,6 +92,7 @@ class Informer:
 
         started = time.monotonic()
         self._replace(pages())
+        self.served = True
         self.version = version
         self.listed_at = time.monotonic()
         self.synced.set()

@@ -349,6 +349,9 @@ class Placer:
         """Inside the views' lock: what the pod's claim must hold, or why it cannot."""
         if not self.views.dra:
             return "the pod is in DRA mode (spec.resourceClaims gpu-scheduler) but bind runs with GPU_SCHEDULER_DRA=false"
+        if not self.views.dra_served():
+            return ("the pod is in DRA mode (spec.resourceClaims gpu-scheduler) but the API server does not serve"
+                    " resource.k8s.io/v1 ResourceSlices and ResourceClaims (Kubernetes 1.34+)")
         if dra.claim_refs(pod) != [dra.claim_name(decision.name)]:
             return (f"spec.resourceClaims entry {dra.POD_CLAIM!r} must name ResourceClaim {dra.claim_name(decision.name)!r},"
                     f" the claim bind makes for the pod")

@@ -116,9 +116,9 @@ class Views:
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
-                         self._replace_slices, self._apply_slice),
+                         self._replace_slices, self._apply_slice, optional=True),
                 Informer("resourceclaims", api.list_resource_claims, api.watch_resource_claims,
-                         self._replace_claims, self._apply_claim),
+                         self._replace_claims, self._apply_claim, optional=True),
             ]
 
     def start(self) -> None:
@@ -127,6 +127,10 @@ class Views:
 
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self.informers)
+
+    def dra_served(self) -> bool:
+        """The API server serves resource.k8s.io/v1 (Kubernetes 1.34+), as bind's DRA watches found."""
+        return self.dra and all(i.served for i in self.informers if i.optional)
 
     # -- reads, for placement ----------------------------------------------------------------
     def node(self, name: str) -> dict | None:
