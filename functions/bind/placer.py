@@ -78,6 +78,15 @@ def _failure(error: Exception) -> tuple[str, str]:
     return RETRY, f"Kubernetes API unreachable: {error}"
 
 
+def _failed(doing: str, error: Exception) -> tuple[str, str, None]:
+    """(outcome, message, no refusal) for a failed write or read of a record or claim: the API's
+    message after what was being done, or that the API was unreachable."""
+    if isinstance(error, ApiException):
+        outcome, message = _failure(error)
+        return outcome, f"{doing}: {message}", None
+    return RETRY, f"{doing}: unreachable: {error}", None
+
+
 def _annotated_dra(pod: Mapping[str, Any]) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return isinstance(annotations, dict) and annotations.get(MODE_ANNOTATION) == DRA
@@ -394,20 +403,18 @@ class Placer:
                 continue
             except ApiException as error:
                 if error.status != 409:
-                    outcome, message = _failure(error)
-                    return outcome, f"writing {what}: {message}", None
+                    return _failed(f"writing {what}", error)
             except urllib3.exceptions.HTTPError as error:
-                return RETRY, f"writing {what}: unreachable: {error}", None
+                return _failed(f"writing {what}", error)
             try:  # another writer was first: the claim as it is now
                 claim = self.api.read_resource_claim(namespace, name)
                 self.views.wrote_claim(claim)
             except ApiException as error:
                 if error.status != 404:
-                    outcome, message = _failure(error)
-                    return outcome, f"reading {what}: {message}", None
+                    return _failed(f"reading {what}", error)
                 claim = None
             except urllib3.exceptions.HTTPError as error:
-                return RETRY, f"reading {what}: unreachable: {error}", None
+                return _failed(f"reading {what}", error)
         return RETRY, f"{what} changed {CLAIM_TRIES} times while writing it", None
 
     def _write_records(self, pod: Mapping[str, Any], decision: Bind, steps: list):
@@ -432,10 +439,9 @@ class Placer:
                     break
                 except ApiException as error:
                     if error.status != 409:
-                        outcome, message = _failure(error)
-                        return outcome, f"writing the record of GPU {device} on {decision.node}: {message}", None
+                        return _failed(f"writing the record of GPU {device} on {decision.node}", error)
                 except urllib3.exceptions.HTTPError as error:
-                    return RETRY, f"writing the record of GPU {device} on {decision.node}: unreachable: {error}", None
+                    return _failed(f"writing the record of GPU {device} on {decision.node}", error)
                 step = self._step_after_conflict(decision.node, device, mine, shares)
                 if isinstance(step, tuple):
                     return step
@@ -453,11 +459,10 @@ class Placer:
             self.views.wrote(lease)
         except ApiException as error:
             if error.status != 404:
-                outcome, message = _failure(error)
-                return outcome, f"reading the record of GPU {device} on {node}: {message}", None
+                return _failed(f"reading the record of GPU {device} on {node}", error)
             record = None  # deleted meanwhile: create it again
         except urllib3.exceptions.HTTPError as error:
-            return RETRY, f"reading the record of GPU {device} on {node}: unreachable: {error}", None
+            return _failed(f"reading the record of GPU {device} on {node}", error)
         gone = self.views.gone_of(record)
         with self.views.lock:
             return record_step(record, mine, shares, self.views.node_info(node).pods, time.time(), gone)
