@@ -107,7 +107,9 @@ class Views:
                      lambda version, seconds: api.watch_leases(namespace, RECORD_SELECTOR, version, seconds),
                      self._replace_records, self._apply_record),
         ]
-        self._slices: dict[str, Mapping[str, Any]] = {}  # name -> spec
+        # node -> slice name -> spec: a placement reads its node's slices only. Slices published for
+        # no single node (spec.nodeName unset) are not kept: DRA mode matches a node's own.
+        self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
         self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}  # (namespace, name) -> claim
         # Every allocated device and the claims it is allocated in, kept with _claims: a placement
         # looks up its devices, rather than going through every claim of the cluster.
@@ -193,7 +195,7 @@ class Views:
     # -- DRA ---------------------------------------------------------------------------------
     def slices_on(self, node: str) -> list[Mapping[str, Any]]:
         """Inside self.lock or not: the ResourceSlices published for `node` (as {"spec": ...})."""
-        return [{"spec": spec} for spec in list(self._slices.values()) if spec.get("nodeName") == node]
+        return [{"spec": spec} for spec in list(self._slices.get(node, {}).values())]
 
     def held(self) -> Mapping[Device, str]:
         """Inside self.lock: each device allocated in a claim, and that claim ("namespace/name";
@@ -221,34 +223,49 @@ class Views:
 
     def wrote_claim(self, claim: Mapping[str, Any]) -> None:
         """A claim this instance just wrote or read: seen at once, before its watch event."""
-        key = (str(_meta(claim).get("namespace") or ""), str(_meta(claim).get("name") or ""))
         with self.lock:
-            known = self._claims.get(key)
-            if known is None or _newer(str(_meta(claim).get("resourceVersion") or ""),
-                                       str(_meta(known).get("resourceVersion") or "")):
-                self._set_claim(key, _trim_claim(claim))
+            self._keep_claim(claim, from_watch=False)
+
+    def _keep_claim(self, claim: Mapping[str, Any], from_watch: bool) -> None:
+        """Inside self.lock: `claim` in the view, unless the view holds a newer copy. A watch's copy
+        yields only to a newer one this instance wrote; a written or read copy must be newer."""
+        key = _name(claim)
+        known = self._claims.get(key)
+        if known is not None:
+            version, known_version = (str(_meta(c).get("resourceVersion") or "") for c in (claim, known))
+            stale = _newer(known_version, version) if from_watch else not _newer(version, known_version)
+            if stale:
+                return
+        self._set_claim(key, _trim_claim(claim))
 
     def _replace_slices(self, pages: Iterable[list[dict]]) -> None:
-        slices = {str(_meta(s).get("name")): s.get("spec") or {} for items in pages for s in items}
+        slices: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for items in pages:
+            for item in items:
+                spec = item.get("spec") or {}
+                if spec.get("nodeName"):
+                    slices.setdefault(spec["nodeName"], {})[str(_meta(item).get("name"))] = spec
         with self.lock:
             before, self._slices = self._slices, slices
-        nodes = {spec.get("nodeName") for name, spec in slices.items() if before.get(name) != spec}
-        gone = {spec.get("nodeName") for name, spec in before.items() if name not in slices}
-        for node in nodes - {None}:
-            self.queue.cluster_event(SLICE_UPDATE, node)
-        for node in gone - {None}:
-            self.queue.cluster_event(SLICE_DELETE, node)
+        for node in set(before) | set(slices):
+            now, then = slices.get(node, {}), before.get(node, {})
+            if any(then.get(name) != spec for name, spec in now.items()):
+                self.queue.cluster_event(SLICE_UPDATE, node)
+            if any(name not in now for name in then):
+                self.queue.cluster_event(SLICE_DELETE, node)
 
     def _apply_slice(self, kind: str, item: Mapping[str, Any]) -> None:
         name, spec = str(_meta(item).get("name")), item.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node:
+            return
         with self.lock:
             if kind == "DELETED":
-                self._slices.pop(name, None)
+                self._slices.get(node, {}).pop(name, None)
             else:
-                self._slices[name] = spec
-        if spec.get("nodeName"):
-            event = {"ADDED": SLICE_ADD, "DELETED": SLICE_DELETE}.get(kind, SLICE_UPDATE)
-            self.queue.cluster_event(event, spec["nodeName"])
+                self._slices.setdefault(node, {})[name] = spec
+        event = {"ADDED": SLICE_ADD, "DELETED": SLICE_DELETE}.get(kind, SLICE_UPDATE)
+        self.queue.cluster_event(event, node)
 
     def _replace_claims(self, pages: Iterable[list[dict]]) -> None:
         claims = {(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): _trim_claim(c)
@@ -261,15 +278,11 @@ class Views:
         self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
 
     def _apply_claim(self, kind: str, claim: Mapping[str, Any]) -> None:
-        key = (str(_meta(claim).get("namespace")), str(_meta(claim).get("name")))
         with self.lock:
             if kind == "DELETED":
-                self._set_claim(key, None)
-            else:
-                known = self._claims.get(key)
-                if known is None or not _newer(str(_meta(known).get("resourceVersion") or ""),
-                                               str(_meta(claim).get("resourceVersion") or "")):
-                    self._set_claim(key, _trim_claim(claim))
+                self._set_claim(_name(claim), None)
+            else:  # the watch's copy, unless this instance already holds a newer one it wrote
+                self._keep_claim(claim, from_watch=True)
         if kind == "DELETED":
             self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
         elif kind == "MODIFIED":
