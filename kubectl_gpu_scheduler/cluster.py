@@ -8,6 +8,16 @@ from kubernetes.client.exceptions import ApiException
 from kubeapi.client import Kube
 
 
+def _or_none(read, *args) -> dict | None:
+    """What `read` returns, or None where the API server says it does not exist (404)."""
+    try:
+        return read(*args)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
 class Cluster:
     def __init__(self, api: Kube):
         self.api = api
@@ -19,12 +29,7 @@ class Cluster:
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
         if name not in self._nodes:
-            try:
-                self._nodes[name] = self.api.read_node(name)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-                self._nodes[name] = None
+            self._nodes[name] = _or_none(self.api.read_node, name)
         return self._nodes[name]
 
     def pods_on(self, node: str) -> list[dict]:
@@ -34,12 +39,7 @@ class Cluster:
         return self._pods_on[node]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.api.read_pod(namespace, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return _or_none(self.api.read_pod, namespace, name)
 
     def events(self, pod: dict[str, Any]) -> list[dict]:
         meta = pod.get("metadata") or {}
@@ -59,9 +59,4 @@ class Cluster:
         return self._claims
 
     def resource_claim(self, namespace: str, name: str) -> dict | None:
-        try:
-            return self.api.read_resource_claim(namespace, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return _or_none(self.api.read_resource_claim, namespace, name)
