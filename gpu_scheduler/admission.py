@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
-from .fit import node_affinity
+from .plugins.nodeaffinity import node_affinity
 from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
 from .dra import POD_CLAIM, claim_name
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 from . import SCHEDULER_NAME
 from .devices import device_warnings
 from .fit import DEVICES_ANNOTATION
-from .placement import NotPlaceable, map_text, metadata, resolve, spec
+from .placement import NotPlaceable, metadata, spec
+from .plugins.mapentry import entry
 from .schedmap import MAX_NAMESPACE, MAX_NESTING, MAX_NODE_NAME, Placement, is_dns_label, is_dns_subdomain, \
     nesting_exceeds, shown
 
@@ -104,14 +105,12 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
     if meta.get("deletionTimestamp"):
         return Ignore("being deleted")
     name = f"{meta.get('namespace')}/{meta.get('name')}"
-    if map_text(pod) is None:
-        return Unplaceable("NoAnnotation", f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation", name)
     try:
-        resolved = resolve(pod)
+        resolved = entry(pod)
     except NotPlaceable as why:
         return Unplaceable(why.reason, why.message, name)
     placement = resolved.placement
-    return Bind(meta["namespace"], meta["name"], meta["uid"], placement.node, placement.devices,
+    return Bind(meta["namespace"], meta["name"], str(meta.get("uid") or ""), placement.node, placement.devices,
                 tuple(device_warnings(pod, resolved)), str(meta.get("resourceVersion") or ""))
 
 
@@ -137,25 +136,6 @@ REPLACED = "PodReplaced"
 BOUND_ELSEWHERE = "BoundElsewhere"
 API_ERROR = "APIError"
 RETRY = "Retry"
-
-# HTTP statuses worth retrying; 0 stands for "no response" (connection refused, timeout).
-TRANSIENT_STATUSES = frozenset({0, 408, 425, 429, 500, 502, 503, 504})
-
-
-# Right after a restart the API server answers 403 with this message for seconds, while its
-# authorizer's informers sync: transient, not a refusal.
-NOT_YET_READY = "not yet ready to handle request"
-
-
-def failure_outcome(status: int, message: str = "") -> str:
-    """The outcome of an API call that failed with `status` and the API server's `message` (409
-    excepted)."""
-    if status in TRANSIENT_STATUSES or (status == 403 and NOT_YET_READY in message):
-        return RETRY
-    if status == 404:
-        return GONE
-    return API_ERROR
-
 
 def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:
     """The outcome of a 409 from the Binding call, given the pod as it is now (None: gone).

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .nodecheck import _map, _maps
+from .shapes import as_map as _map, as_maps as _maps
 from .placement import metadata, spec
 from .schedmap import Placement, is_dns_subdomain, shown
 
@@ -39,8 +39,6 @@ DEFAULT_DEVICE_CLASS = "gpu.nvidia.com"
 # kube-scheduler's (k8s.io/api/resource/v1.Finalizer): the resourceclaim controller clears the
 # allocation and removes it once no pod uses the claim, as for claims kube-scheduler allocated.
 FINALIZER = "resource.kubernetes.io/delete-protection"
-# The filter bind reports a refusal under: kube-scheduler's plugin for the same checks.
-DYNAMIC_RESOURCES = "DynamicResources"
 
 DEFAULT_RULES_TEXT = '{"gpu.nvidia.com": {"name": "gpu-{index}"}, "test-driver.cdi.k8s.io": {"name": "device-{index:02d}"}}'
 # Linux's limit on one environment string (MAX_ARG_STRLEN): no longer value can reach bind. It

@@ -18,6 +18,8 @@ UNSCHEDULABLE = "Unschedulable"      # the pod cannot go where its map says, for
 SCHEDULER_ERROR = "SchedulerError"  # the API refused or failed
 SHARED_DEVICES = "SharedDevices"
 DEVICE_PLUGIN_REQUEST = "GPUResourceRequested"
+# On a FailedScheduling Event: the framework plugin that refused the pod (explain shows it).
+PLUGIN_ANNOTATION = "gpu-scheduler/plugin"
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,13 @@ def event_name(pod: PodRef, reason: str, message: str) -> str:
 
 
 def event_for(pod: PodRef, kind: str, reason: str, message: str, now: str, instance: str,
-              action: str = "Scheduling") -> dict[str, Any]:
+              action: str = "Scheduling", annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": event_name(pod, reason, message), "namespace": pod.namespace}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": event_name(pod, reason, message), "namespace": pod.namespace},
+        "metadata": meta,
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
                            "uid": pod.uid},
         "type": kind, "reason": reason, "message": message[:1024],

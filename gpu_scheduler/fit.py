@@ -1,13 +1,7 @@
-"""Does the pod fit on its node, next to the pods already there? kube-scheduler's filters for a
-pinned pod, one function per filter and named after it, with the reasons users know from
-`kubectl describe pod`; and GPU accounting, which no filter of kube-scheduler's makes.
-
-- NodeResourcesFit: the pod's effective request against allocatable minus what the node's
-  non-terminal pods request (k8s.io/component-helpers/resource.PodRequests, fit.go's fitsRequest).
-- NodePorts: host ports already taken on the node (scheduler util.GetHostPorts, HostPortInfo).
-- NodeAffinity: the pod's nodeSelector and required node affinity against the node's labels and name.
-- GPUs held by other workloads: a device of the pod's map entry that a non-terminal pod of another
-  workload on the same node holds (its record from the Binding, or its map entry).
+"""What a pod occupies on a node, worked out once per pod (kube-scheduler's PodInfo and
+NodeInfo): its effective requests (k8s.io/component-helpers/resource.PodRequests), its host ports
+(scheduler util.GetHostPorts), the GPUs it holds and its workload. The filters that compare these
+are the plugins (gpu_scheduler/plugins/), each in its own module.
 
 Every function is total on odd shapes: what is not a list or an object counts as absent, an
 unparseable quantity as zero (the API server validates these fields, so only a fake pod has them).
@@ -23,17 +17,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import ANNOTATION, SCHEDULER_NAME
-from .nodecheck import _map, node_refusal
-from .nodecheck import _maps as _list
+from .shapes import as_map as _map
+from .shapes import as_maps as _list
 from .placement import NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import Placement
 
 # -- names users know -----------------------------------------------------------------------------
-NODE_AFFINITY = "NodeAffinity"
-AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
-PORTS_REASON = "node(s) didn't have free ports for the requested pod ports"
-TOO_MANY_PODS = "Too many pods"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 # Written on the Binding, which the API server copies onto the pod in the same write: the devices
 # bind gave the pod. What counts for accounting, even if the map annotation is edited later.
@@ -149,24 +138,6 @@ def is_terminal(pod: Mapping[str, Any]) -> bool:
     return _map(pod.get("status")).get("phase") in TERMINAL_PHASES
 
 
-def node_resources_fit(pod: Mapping[str, Any], node: Mapping[str, Any], info: "NodeInfo") -> str | None:
-    """NodeResourcesFit: `Insufficient cpu` and the like, with the figures; None when it fits."""
-    allocatable = _map(_map(node.get("status")).get("allocatable"))
-    problems = []
-    allowed_pods = parse_quantity(allocatable.get(PODS))
-    if allowed_pods is not None and len(info.pods) + 1 > allowed_pods:
-        problems.append(f"{TOO_MANY_PODS} ({len(info.pods)} of {_units(PODS, allowed_pods)} on the node)")
-    wanted = {name: units for name, units in pod_requests(pod).items() if units > 0 and name != PODS}
-    for name in sorted(wanted, key=lambda n: (n not in (CPU, MEMORY, EPHEMERAL), n)):
-        have = parse_quantity(allocatable.get(name))
-        capacity = _units(name, have) if have is not None else 0
-        in_use = info.requested.get(name, 0)
-        if wanted[name] > capacity - in_use:
-            problems.append(f"Insufficient {name} (the pod requests {show(name, wanted[name])}; "
-                            f"{show(name, in_use)} of {show(name, capacity)} allocatable is requested by other pods)")
-    return f"node {metadata(node).get('name')}: " + ", ".join(problems) if problems else None
-
-
 # -- NodePorts -----------------------------------------------------------------------------------
 def host_ports(pod: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     """(hostIP, protocol, hostPort) of the containers and sidecars; defaults as the scheduler's."""
@@ -180,96 +151,6 @@ def host_ports(pod: Mapping[str, Any]) -> list[tuple[str, str, int]]:
             if isinstance(number, int) and not isinstance(number, bool) and number > 0:
                 ports.append((port.get("hostIP") or "0.0.0.0", port.get("protocol") or "TCP", number))
     return ports
-
-
-def _ports_conflict(wanted: tuple[str, str, int], taken: tuple[str, str, int]) -> bool:
-    (ip, protocol, number), (taken_ip, taken_protocol, taken_number) = wanted, taken
-    if (protocol, number) != (taken_protocol, taken_number):
-        return False
-    return ip == "0.0.0.0" or taken_ip == "0.0.0.0" or ip == taken_ip
-
-
-def node_ports(pod: Mapping[str, Any], info: "NodeInfo") -> str | None:
-    """NodePorts: the first host port another pod on the node holds, named with its holder."""
-    for port in host_ports(pod):
-        for other in info.pods:
-            if any(_ports_conflict(port, taken) for taken in other.ports):
-                return f"{PORTS_REASON}: hostPort {port[2]}/{port[1]} is held by {other.name}"
-    return None
-
-
-# -- NodeAffinity ----------------------------------------------------------------------------------
-def _requirement(requirement: Mapping[str, Any], value: str | None, known: bool) -> bool | None:
-    """A NodeSelectorRequirement against one label (or field) value; None: cannot be known."""
-    if not known:
-        return None
-    operator, values = requirement.get("operator"), requirement.get("values") or []
-    if not isinstance(values, list):
-        return False
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except (TypeError, ValueError):
-            return False
-        return have > bound if operator == "Gt" else have < bound
-    return False
-
-
-def _all(results: Iterable[bool | None]) -> bool | None:
-    results = list(results)
-    return False if False in results else (None if None in results else True)
-
-
-def _label(key: Any, node: str, labels: Mapping[str, str] | None, requirement: Mapping[str, Any]) -> bool | None:
-    if labels is not None:
-        return _requirement(requirement, labels.get(key), True)
-    return _requirement(requirement, node, key == HOSTNAME_LABEL)
-
-
-def _term(term: Any, node: str, labels: Mapping[str, str] | None) -> bool | None:
-    if not isinstance(term, Mapping):
-        return False
-    expressions = _list(term.get("matchExpressions"))
-    fields = _list(term.get("matchFields"))
-    if not expressions and not fields:
-        return False  # an empty term matches no node
-    return _all([_label(e.get("key"), node, labels, e) for e in expressions]
-                + [_requirement(f, node, f.get("key") == "metadata.name") for f in fields])
-
-
-def node_affinity(pod: Mapping[str, Any], node: str, labels: Mapping[str, str] | None = None) -> str | None:
-    """NodeAffinity: why the pod's nodeSelector or required node affinity excludes `node` (None:
-    it does not, or cannot be known). With `labels` None (admission, a plan offline: no node object
-    at hand) only what the name tells is known: `metadata.name` fields and the
-    `kubernetes.io/hostname` label, taken to be the name (as kubelets register it)."""
-    pod_spec = spec(pod)
-    selector = pod_spec.get("nodeSelector")
-    if isinstance(selector, Mapping) and selector:
-        met = _all(_label(k, node, labels, {"operator": "In", "values": [v]}) for k, v in selector.items())
-        if met is False:
-            shown = ", ".join(f"{k}={v}" for k, v in selector.items())
-            return f"{AFFINITY_REASON}: nodeSelector {{{shown}}} excludes node {node}"
-    required = _map(_map(_map(pod_spec.get("affinity")).get("nodeAffinity"))
-                    .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    if "nodeSelectorTerms" in required:
-        terms = required.get("nodeSelectorTerms")
-        results = [_term(t, node, labels) for t in (terms if isinstance(terms, list) else [])]
-        if True not in results and None not in results:
-            return f"{AFFINITY_REASON}: no term of requiredDuringSchedulingIgnoredDuringExecution matches node {node}"
-    return None
-
-
-def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
-    labels = _map(metadata(node).get("labels"))
-    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 # -- GPUs held by other workloads ----------------------------------------------------------------
@@ -308,19 +189,6 @@ def held_devices(pod: Mapping[str, Any]) -> tuple[str, ...]:
 
 def shares_gpus(pod: Mapping[str, Any]) -> bool:
     return _map(metadata(pod).get("annotations")).get(SHARE_ANNOTATION) == "true"
-
-
-def gpus_held(pod: Mapping[str, Any], placement: Placement, info: "NodeInfo") -> str | None:
-    """The first device of `placement` that a pod of another workload on the node holds, named
-    with its holder; None when all are free to this pod. Two workloads that both set
-    gpu-scheduler/share-gpus: "true" may share."""
-    mine, sharing = workload(pod), shares_gpus(pod)
-    for device in placement.devices:
-        for other in info.pods:
-            if device in other.devices and other.workload != mine and not (sharing and other.shares):
-                return (f"GPU {device} on {placement.node} is held by {other.name} (another workload; "
-                        f'both may set {SHARE_ANNOTATION}: "true" to share)')
-    return None
 
 
 # -- what the pods on a node occupy (kube-scheduler's NodeInfo) -------------------------------------
@@ -370,46 +238,3 @@ class NodeInfo:
     def without(self, uid: str) -> "NodeInfo":
         """The node as it is for a pod that may already be listed on it (a resync, a retry)."""
         return NodeInfo.of(p for p in self.pods if p.uid != uid) if uid in self.uids else self
-
-
-# -- all of them -----------------------------------------------------------------------------------
-NODE_PORTS, NODE_RESOURCES_FIT, GPUS_HELD = "NodePorts", "NodeResourcesFit", "GPUsHeld"
-
-
-def fit_refusal(pod: Mapping[str, Any], node: Mapping[str, Any], placement: Placement,
-                pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo") -> tuple[str, str] | None:
-    """Why `pod` does not fit on `node` next to the pods on it, as (filter, message); None: it
-    fits. In the order kube-scheduler runs its filters; GPU accounting last. Terminal pods and the
-    pod itself do not count."""
-    info = pods_on_node if isinstance(pods_on_node, NodeInfo) else NodeInfo.of(pods_on_node)
-    info = info.without(str(metadata(pod).get("uid") or ""))
-    for name, problem in ((NODE_AFFINITY, lambda: node_affinity(pod, placement.node, node_labels(node))),
-                          (NODE_PORTS, lambda: node_ports(pod, info)),
-                          (NODE_RESOURCES_FIT, lambda: node_resources_fit(pod, node, info)),
-                          (GPUS_HELD, lambda: gpus_held(pod, placement, info))):
-        message = problem()
-        if message:
-            return name, message
-    return None
-
-
-def fit_problem(pod: Mapping[str, Any], node: Mapping[str, Any], placement: Placement,
-                pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo") -> str | None:
-    """Why `pod` does not fit on `node` next to the pods on it (None: it fits)."""
-    refusal = fit_refusal(pod, node, placement, pods_on_node)
-    return refusal[1] if refusal else None
-
-
-def bind_refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
-                 pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo" = ()) -> tuple[str, str] | None:
-    """Why bind would not bind `pod` to `node` now, as (filter, message); None: it would. The
-    node's own state (nodecheck), then the fit next to the pods already on it."""
-    return node_refusal(pod, node, placement) or (fit_refusal(pod, node, placement, pods_on_node) if node else None)
-
-
-def bind_problem(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
-                 pods_on_node: "Iterable[Mapping[str, Any]] | NodeInfo" = ()) -> str | None:
-    """Why bind would not bind `pod` to `node` now (None: it would). bind, `plan --cluster` and
-    `explain` all ask this one question."""
-    refusal = bind_refusal(pod, node, placement, pods_on_node)
-    return refusal[1] if refusal else None

@@ -50,6 +50,8 @@ PLUGIN = frozenset({
     ("", "pods", "list"),           # the pods on a node, for the fit and GPU checks bind makes
     ("", "nodes", "get"),           # the node checks bind makes
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
+    # bind's device records (Leases in its namespace): GPUsHeld reads them as bind does
+    ("coordination.k8s.io", "leases", "list"),
     # DRA mode: the pod's claim, the devices its node publishes, and the devices other claims hold.
     ("resource.k8s.io", "resourceclaims", "get"),
     ("resource.k8s.io", "resourceclaims", "list"),

@@ -3,20 +3,25 @@
 A workload (StatefulSet, Job, Pod) becomes the pods its controller will create, each as it will be
 created (name, index label or annotation), and each pod goes through the same functions admission
 and bind use: `placement.resolve`, `devices.device_env`, `devices.device_warnings`,
-`binding.bind_decision`, `fit.bind_problem`. The plugin (kubectl_gpu_scheduler/) only reads
-files and the API and formats what these functions return.
+`binding.bind_decision`, and bind's own scheduling framework (`framework.runtime.Framework.decide`
+on a snapshot of the pod's node, `scheduling` below). The plugin (kubectl_gpu_scheduler/) only
+reads files and the API and formats what these functions return.
 """
 from __future__ import annotations
 
 import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
-from .fit import AFFINITY_REASON, NODE_AFFINITY, bind_problem, node_affinity
+from .framework.runtime import Framework
+from .framework.snapshot import NodeSnapshot
+from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
+from .plugins.nodeaffinity import NAME as NODE_AFFINITY
+from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on
 from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
 from .podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL
 from .schedmap import MapError, Placement, parse_map
@@ -342,29 +347,37 @@ def pod_scheduled(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class NextResync:
-    """What the next resync does with the pod: `action` is bind, wait (stays Pending) or nothing."""
+class Scheduling:
+    """What bind does with the pod now, by its own framework: `action` is bind, wait (stays
+    Pending, refused by `plugin`) or nothing (not bind's to place); `retried_on`: the cluster
+    events that bind's queue tries a waiting pod again on (besides a change of the pod itself,
+    and UNSCHEDULABLE_FLUSH_SECONDS in any case)."""
 
     action: str
     node: str = ""
+    plugin: str = ""
     reason: str = ""
     message: str = ""
+    retried_on: tuple[str, ...] = ()
 
     @property
     def placeable(self) -> bool:
         return self.action != "wait"
 
 
-def next_resync(pod: Mapping[str, Any], node: Mapping[str, Any] | None = None,
-                pods_on_node: Iterable[Mapping[str, Any]] = ()) -> NextResync:
-    """What bind's next resync would do with `pod`, given its map entry's node as read now."""
+def scheduling(pod: Mapping[str, Any], framework: Framework,
+               snapshot_of: Callable[[str], NodeSnapshot]) -> Scheduling:
+    """What bind's next attempt would decide for `pod`: PreFilter and Filter of its profile, on
+    the snapshot of the pod's node that `snapshot_of` reads."""
     decision = bind_decision(pod)
     if isinstance(decision, Ignore):  # bind's own words quote schedulerName as Python would
-        return NextResync("nothing", spec(pod).get("nodeName") or "", "Ignored", not_ours(pod) or decision.why)
-    if isinstance(decision, Unplaceable):
-        return NextResync("wait", "", decision.reason, decision.message)
-    assert isinstance(decision, Bind)
-    problem = bind_problem(pod, node, decision.placement, pods_on_node)
-    if problem:
-        return NextResync("wait", decision.node, UNSCHEDULABLE, problem)
-    return NextResync("bind", decision.node, "Bind", f"bind to {decision.node}")
+        return Scheduling("nothing", spec(pod).get("nodeName") or "", "", "Ignored", not_ours(pod) or decision.why)
+    verdict = framework.decide(pod, snapshot_of)
+    node = verdict.node.name if verdict.node else ""
+    if verdict.status.ok:
+        return Scheduling("bind", node, "", "Bind", f"bind to {node}")
+    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, verdict.status.message,
+                      tuple(retried_on(verdict.status.plugin)))
+
+
+RETRIED_ANYWAY = f"and within {UNSCHEDULABLE_FLUSH_SECONDS:g} s in any case"

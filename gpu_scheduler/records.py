@@ -16,7 +16,8 @@ again decides between two instances), and bind deletes it meanwhile. So a record
 never bound (bind died between the two writes) frees its device GRACE_SECONDS after it was
 written, plus the view's delay.
 
-Pure: Lease bodies in, decisions out; the writes are functions/bind's."""
+Pure: Lease bodies in, rules out. Which step giving a device takes, and the refusal, are the
+GPUsHeld plugin's (gpu_scheduler/plugins/gpusheld.py); the writes are done through bind's shell."""
 from __future__ import annotations
 
 import hashlib
@@ -27,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Container, Iterable, Mapping
 
 from .fit import PodInfo, SHARE_ANNOTATION
-from .nodecheck import _map
+from .shapes import as_map as _map
 
 GRACE_SECONDS = 30
 # A holder renews the record when it places another replica and the record is older than this:
@@ -126,65 +127,12 @@ def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod:
                      "acquireTime": _time(now), "renewTime": _time(now)}}
 
 
-# -- the decision for one device -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Create:
-    """No record: create it (AlreadyExists means another instance was first: read it, decide again)."""
-
-
-@dataclass(frozen=True)
-class Keep:
-    """Ours, written recently: nothing to write."""
-
-
-@dataclass(frozen=True)
-class Write:
-    """Update `record` to `holders` (renew, join or take over), with its version as precondition."""
-
-    record: Record
-    holders: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Held:
-    """Another workload holds the device: the refusal users see."""
-
-    message: str
-
-
 def live_holder(record: Record, pods_on_node: Iterable[PodInfo]) -> PodInfo | None:
     """A non-terminal pod on the node of a holder workload that holds the device, if any."""
     for pod in pods_on_node:
         if record.device in pod.devices and workload_key(pod.workload) in record.holders:
             return pod
     return None
-
-
-def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: Iterable[PodInfo], now: float,
-                gone: Container[str] = frozenset()):
-    """What giving (record.node, record.device) to workload `mine` takes: Create, Keep, Write, or
-    Held with the reason. `pods_on_node`: the node's non-terminal pods as bind sees them; `gone`:
-    the UIDs of pods bind saw deleted."""
-    if record is None:
-        return Create()
-    if mine in record.holders:
-        return Keep() if now - record.written < RENEW_AFTER_SECONDS else Write(record, record.holders)
-    if shares and record.shares:
-        if len(record.holders) >= MAX_HOLDERS:
-            return Held(f"GPU {record.device} on {record.node} is shared by {len(record.holders)} workloads already"
-                        f" (at most {MAX_HOLDERS})")
-        return Write(record, record.holders + (mine,))
-    holder = live_holder(record, pods_on_node)
-    if holder is not None:
-        return Held(f"GPU {record.device} on {record.node} is held by {holder.name} ({record.holders[0]}; "
-                    f'both workloads may set {SHARE_ANNOTATION}: "true" to share)')
-    if in_grace(record, now, gone):
-        who = f"{record.last_pod} ({record.holders[0]})" if record.last_pod and record.holders else \
-            (record.holders[0] if record.holders else "another workload")
-        return Held(f"GPU {record.device} on {record.node} was given to {who} "
-                    f"{max(0, int(now - record.written))} s ago; it is free again {GRACE_SECONDS} s after that"
-                    " unless that pod is bound")
-    return Write(record, (mine,))
 
 
 def in_grace(record: Record, now: float, gone: Container[str] = frozenset()) -> bool:

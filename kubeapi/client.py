@@ -17,9 +17,9 @@ from urllib.parse import quote as _quote_with_slash, urlencode
 import urllib3
 from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
-from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import should_bypass_proxies
 
+from kubeapi.errors import APIError
 from kubeapi.transport import Transport
 
 def quote(segment: str) -> str:
@@ -149,15 +149,17 @@ class Kube:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
         path += f"?{urlencode(query)}" if query else ""
-        if self.transport is not None:
-            status, reason, raw = self.transport.request(method, path, data, headers)
-        else:
-            response = self.http.request(method, self.host + path, body=data, headers=headers, timeout=TIMEOUT, retries=1)
-            status, reason, raw = response.status, response.reason, response.data
+        try:
+            if self.transport is not None:
+                status, reason, raw = self.transport.request(method, path, data, headers)
+            else:
+                response = self.http.request(method, self.host + path, body=data, headers=headers, timeout=TIMEOUT,
+                                             retries=1)
+                status, reason, raw = response.status, response.reason, response.data
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise APIError.unreachable(error, self.host) from error
         if not 200 <= status <= 299:
-            error = ApiException(status=status, reason=reason)
-            error.body = raw.decode("utf-8", "replace")
-            raise error
+            raise APIError.of_response(status, reason, raw)
         return json.loads(raw) if raw else {}
 
     @staticmethod
@@ -177,21 +179,22 @@ class Kube:
     def watch(self, path: str, resource_version: str, seconds: int, **selectors: str) -> Iterator[tuple[str, dict, int]]:
         """The changes to the objects at `path` after `resource_version`, as (type, object, its
         size in bytes), for about `seconds` (the API server then ends the watch; a watch from the
-        watch cache). Bookmarks included. An answer other than 200 raises ApiException; an ERROR
+        watch cache). Bookmarks included. An answer other than 200 raises APIError; an ERROR
         event (410 Gone: the version is too old) is yielded. Over the kubernetes package's pool:
         the stream holds its connection for minutes, which the kept-alive transport keeps for
         short calls."""
         query = urlencode({"watch": "1", **{k: v for k, v in selectors.items() if v}, "resourceVersion": resource_version,
                            "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)})
-        response = self.http.request("GET", f"{self.host}{path}?{query}",
-                                     headers={"Accept": JSON, **self._auth_headers()}, preload_content=False,
-                                     timeout=urllib3.Timeout(connect=TIMEOUT.connect_timeout, read=seconds + 30),
-                                     retries=False)
+        try:
+            response = self.http.request("GET", f"{self.host}{path}?{query}",
+                                         headers={"Accept": JSON, **self._auth_headers()}, preload_content=False,
+                                         timeout=urllib3.Timeout(connect=TIMEOUT.connect_timeout, read=seconds + 30),
+                                         retries=False)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise APIError.unreachable(error, self.host) from error
         try:
             if not 200 <= response.status <= 299:
-                error = ApiException(status=response.status, reason=response.reason)
-                error.body = response.read(64 * 1024).decode("utf-8", "replace")
-                raise error
+                raise APIError.of_response(response.status, response.reason, response.read(64 * 1024))
             pending = bytearray()
             for chunk in response.stream(256 * 1024):
                 pending += chunk
@@ -246,8 +249,10 @@ class Kube:
     def read_lease(self, namespace: str, name: str) -> dict:
         return self._call("GET", f"{self._leases(namespace)}/{quote(name)}")
 
-    def create_lease(self, namespace: str, lease: dict) -> dict:
-        return self._call("POST", self._leases(namespace), lease)
+    def create_lease(self, namespace: str, lease: dict, dry_run: bool = False) -> dict:
+        """`dry_run`: checked and admitted as a real create would be (the namespace exists, the
+        caller may create), and not stored."""
+        return self._call("POST", self._leases(namespace), lease, query={"dryRun": "All"} if dry_run else None)
 
     def update_lease(self, namespace: str, name: str, lease: dict) -> dict:
         """A PUT: refused with 409 unless the body's resourceVersion is the stored one."""

@@ -17,6 +17,9 @@ from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
 from gpu_scheduler import dra
 from gpu_scheduler.dra import uses_dra
 from gpu_scheduler import ANNOTATION
+from gpu_scheduler.framework.config import DEFAULT_NAMESPACE, SchedulerConfig
+from gpu_scheduler.framework.profile import default_profile
+from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
@@ -69,7 +72,7 @@ PLAN_EXAMPLES = f"""examples:
   {PROG} plan -f manifests/ -f job.yaml
   cat check/statefulset.yaml | {PROG} plan -f - -o json
 
-  # also what bind would decide now: node exists, Ready, not cordoned, taints, GPU capacity
+  # also what bind would decide now, by its own plugins: node, taints, fit, GPUs held, DRA
   {PROG} plan -f check/statefulset.yaml --cluster --context kind-gpu-scheduler
 
 {EXIT_STATUS}"""
@@ -85,8 +88,8 @@ EXPLAIN_EXAMPLES = f"""examples:
   {PROG} explain po/gpu-scheduler-check-2 -o yaml
 
 exit status:
-  0  the pod is placed, or the next resync places it (or leaves it to another scheduler)
-  1  the next resync leaves the pod Pending
+  0  the pod is placed, or bind places it now (or leaves it to another scheduler)
+  1  bind keeps the pod Pending: a plugin refuses it
 {CANNOT_ANSWER}"""
 
 
@@ -105,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("-n", "--namespace", help="namespace (default: the context's, as kubectl)")
         command.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
         command.add_argument("--context", help="kubeconfig context (default: the current context)")
+        command.add_argument("--scheduler-namespace", metavar="NAMESPACE",
+                             default=os.environ.get("GPU_SCHEDULER_NAMESPACE") or DEFAULT_NAMESPACE,
+                             help="bind's namespace, where it keeps its device records (default: GPU_SCHEDULER_NAMESPACE,"
+                             " else %(default)s)")
         command.add_argument("--dra-device-class", metavar="CLASS",
                              default=os.environ.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS,
                              help="DRA mode: the DeviceClass of pods that name none, as bind's"
@@ -123,13 +130,14 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                       help="manifest file or directory; - reads stdin; repeatable")
     plan.add_argument("--cluster", action="store_true",
-                      help="also say what bind would decide now (node, readiness, taints, GPU capacity)")
+                      help="also say what bind would decide now: its plugins on each pod's node as it is")
     common(plan, output.PLAN_FORMATS)
     explain = commands.add_parser(
-        "explain", help="a pod in the cluster: its entry, env, Events, next resync", epilog=EXPLAIN_EXAMPLES,
+        "explain", help="a pod in the cluster: its entry, env, Events, what bind decides", epilog=EXPLAIN_EXAMPLES,
         **text, description="One pod in the cluster: its index and gpu-scheduling-map entry, the device env\n"
         "each container got (and whether it matches the entry), gpu-scheduler's Events, its\n"
-        "PodScheduled condition, and what bind's next resync will do with it.")
+        "PodScheduled condition, and what bind's framework decides for it now: bind it, or\n"
+        "keep it waiting in bind's queue, refused by which plugin, until which events.")
     explain.add_argument("pod", nargs="+", metavar="POD", help="NAME, pod/NAME (pods/, po/) or pod NAME")
     common(explain, output.EXPLAIN_FORMATS)
     return top
@@ -190,13 +198,14 @@ def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
             errors.append(f"{where}: {error}")
 
 
-def _cluster_check(cluster, row: core.Row) -> core.Note | None:
-    """What bind would decide for the row's pod now; None: it would bind (or the row has no node)."""
-    if not row.node:
-        return None
-    node = cluster.node(row.node)
-    problem = core.bind_problem(row.pod_object, node, row.placement, cluster.pods_on(row.node) if node else ())
-    return core.Note(core.UNSCHEDULABLE, problem) if problem else None
+def framework(args) -> Framework:
+    """bind's framework, with bind's settings as the flags give them."""
+    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))))
+
+
+def scheduling(cluster, args, pod: dict[str, Any]) -> core.Scheduling:
+    """What bind's next attempt decides for `pod`: its framework, on the pod's node as read now."""
+    return core.scheduling(pod, framework(args), lambda node: cluster.snapshot(node, pod, args.scheduler_namespace))
 
 
 def _rules(args) -> dict[str, dra.Rule]:
@@ -220,9 +229,7 @@ def dra_claim(cluster, args, pod: dict[str, Any], index: int | None, placement) 
     if answer["state"] in (dra.ABSENT, dra.PENDING) and placement is not None and index is not None:
         wanted = dra.wanted_devices(namespace, name, index, placement, device_class, _rules(args),
                                     cluster.resource_slices(), dra.allocated(cluster.resource_claims()))
-        if isinstance(wanted, str):
-            answer["problem"] = wanted
-        else:
+        if not isinstance(wanted, str):  # why not, if not: the DynamicResources plugin's refusal
             answer["wanted"] = [str(device) for _, device in wanted.requests]
     return answer
 
@@ -243,10 +250,8 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
         rows = []
         for row in plan.rows:
             claim = _dra_row(cluster, args, row)
-            check = _cluster_check(cluster, row) if cluster else None
-            if check is None and claim and claim.get("problem"):
-                check = core.Note(core.UNSCHEDULABLE, claim["problem"])
-            answer = output.row_dict(row, check, True) if cluster else output.row_dict(row)
+            pod = {**row.pod_object, "metadata": {**(row.pod_object.get("metadata") or {}), "name": row.pod}}
+            answer = output.row_dict(row, scheduling(cluster, args, pod)) if cluster else output.row_dict(row)
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
@@ -290,20 +295,13 @@ def run_explain(args) -> dict[str, Any]:
     answer["env"] = env
     answer["podScheduled"] = core.pod_scheduled(pod)
     answer["events"] = [_event(e) for e in core.scheduler_events(cluster.events(pod))]
-    unbound = not answer["node"]
-    node = cluster.node(node_name) if node_name and unbound else None
-    pods_on = cluster.pods_on(node_name) if node is not None else ()
-    nxt = core.next_resync(pod, node, pods_on)
-    answer["nextResync"] = {"action": nxt.action, "node": nxt.node or None, "reason": nxt.reason,
-                            "message": nxt.message}
-    answer["placeable"] = nxt.placeable
+    decided = scheduling(cluster, args, pod)
+    answer["scheduling"] = {"action": decided.action, "node": decided.node or None, "plugin": decided.plugin or None,
+                            "reason": decided.reason, "message": decided.message,
+                            "retriedOn": list(decided.retried_on)}
+    answer["placeable"] = decided.placeable
     if uses_dra(pod):
-        claim = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)
-        answer["claim"] = claim
-        if claim.get("problem") and unbound and nxt.action == "bind":  # bind's DynamicResources check
-            answer["nextResync"] = {"action": "wait", "node": node_name, "reason": core.UNSCHEDULABLE,
-                                    "message": claim["problem"]}
-            answer["placeable"] = False
+        answer["claim"] = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)
     return answer
 
 
@@ -345,28 +343,9 @@ def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None
         return ERROR
 
 
-def _root_cause(error: BaseException) -> BaseException:
-    seen = set()
-    while error.__cause__ is not None and id(error) not in seen:
-        seen.add(id(error))
-        error = error.__cause__
-    return error
-
-
 def _api_problem(error: Exception, server: str | None) -> str:
-    import json
+    from kubeapi.errors import APIError
 
-    import urllib3
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(error, ApiException):
-        try:
-            message = json.loads(error.body)["message"]
-        except (TypeError, ValueError, KeyError):
-            message = error.reason
-        return f"the Kubernetes API answered {error.status}: {message}"
-    if isinstance(error, urllib3.exceptions.HTTPError):  # the socket's words, not the exceptions' reprs
-        root = _root_cause(error)
-        why = (root.strerror if isinstance(root, OSError) and root.strerror else str(root)) or type(root).__name__
-        return f"cannot reach the Kubernetes API{f' at {server}' if server else ''}: {why}"
+    if isinstance(error, APIError):
+        return error.message if not error.status else f"the Kubernetes API answered {error.status}: {error.message}"
     return f"unexpected {type(error).__name__}: {error}"

@@ -1,9 +1,16 @@
 """What the plugin reads from the cluster, with bind's client (kubeapi), each thing once."""
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Mapping
 
-from kubernetes.client.exceptions import ApiException
+from gpu_scheduler import dra
+from gpu_scheduler.fit import NodeInfo
+from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
+from gpu_scheduler.plugins.dynamicresources import claim_key
+from gpu_scheduler.records import RECORD_SELECTOR, Record
+
+from kubeapi.errors import APIError
 
 from kubeapi.client import Kube
 
@@ -12,8 +19,8 @@ def _or_none(read, *args) -> dict | None:
     """What `read` returns, or None where the API server says it does not exist (404)."""
     try:
         return read(*args)
-    except ApiException as error:
-        if error.status == 404:
+    except APIError as error:
+        if error.not_found and error.kind != "namespaces":
             return None
         raise
 
@@ -25,6 +32,8 @@ class Cluster:
         self._pods_on: dict[str, list[dict]] = {}
         self._slices: list[dict] | None = None
         self._claims: list[dict] | None = None
+        self._records: dict[str, list[Record]] = {}
+        self._dra: DraSupport | None = None
 
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
@@ -60,3 +69,46 @@ class Cluster:
 
     def resource_claim(self, namespace: str, name: str) -> dict | None:
         return _or_none(self.api.read_resource_claim, namespace, name)
+
+    # -- bind's device records ---------------------------------------------------------------------
+    def records(self, namespace: str) -> list[Record]:
+        """bind's device records (Leases in its namespace), read once."""
+        if namespace not in self._records:
+            self._records[namespace] = [record for page, _ in self.api.list_leases(namespace, RECORD_SELECTOR)
+                                        for record in map(Record.of, page) if record is not None]
+        return self._records[namespace]
+
+    def _gone(self, record: Record) -> bool:
+        """The pod a record was last written for no longer exists (or is another pod now)."""
+        namespace, _, name = record.last_pod.partition("/")
+        if not namespace or not name:
+            return False
+        pod = self.pod(namespace, name)
+        return pod is None or (pod.get("metadata") or {}).get("uid") != record.last_uid
+
+    def dra_support(self) -> DraSupport:
+        if self._dra is None:
+            try:
+                self.resource_slices()
+                self._dra = DraSupport.SERVED
+            except APIError as error:
+                if not error.not_found:
+                    raise
+                self._dra = DraSupport.NOT_SERVED
+        return self._dra
+
+    def snapshot(self, node: str, pod: Mapping[str, Any], records_namespace: str) -> NodeSnapshot:
+        """The pod's node as bind's framework decides on it: the node, its pods, bind's records of
+        its devices, and in DRA mode its slices and the claims (read now, as bind's views hold them)."""
+        obj = self.node(node)
+        records = {r.device: r for r in self.records(records_namespace) if r.node == node}
+        gone = frozenset(r.last_uid for r in records.values() if r.last_uid and self._gone(r))
+        base = NodeSnapshot(name=node, node=obj, info=NodeInfo.of(self.pods_on(node) if obj else ()),
+                            records=records, gone=gone, now=time.time())
+        if not dra.uses_dra(pod) or self.dra_support() is DraSupport.NOT_SERVED:
+            return NodeSnapshot(**{**base.__dict__, "dra": self.dra_support() if dra.uses_dra(pod) else DraSupport.SERVED})
+        namespace, name = claim_key(pod)
+        claim = self.resource_claim(namespace, name)
+        slices = tuple(s for s in self.resource_slices() if (s.get("spec") or {}).get("nodeName") == node)
+        return NodeSnapshot(**{**base.__dict__, "slices": slices, "held": dra.allocated(self.resource_claims()),
+                               "claims": {(namespace, name): claim} if claim is not None else {}})

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from gpu_scheduler.plan import Note, Row, WorkloadPlan, counted
+from gpu_scheduler.plan import RETRIED_ANYWAY, Row, Scheduling, WorkloadPlan, counted
 
 from .files import shown
 
@@ -23,17 +23,20 @@ def _env_text(env: Mapping[str, str], without=("CUDA_DEVICE_ORDER",)) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items() if k not in without)
 
 
-def row_dict(row: Row, cluster: Note | None = None, checked: bool = False) -> dict[str, Any]:
-    placeable = row.placeable and cluster is None
+DECISIONS = {"bind": "bind", "wait": "wait", "nothing": "none"}
+
+
+def row_dict(row: Row, cluster: Scheduling | None = None) -> dict[str, Any]:
+    placeable = row.placeable and (cluster is None or cluster.placeable)
     answer: dict[str, Any] = {
         "index": row.index, "pod": row.pod, "node": row.node or None,
         "devices": list(row.devices),
         "mode": row.mode, "env": {"cuda": dict(row.env), "nvidia": dict(row.nvidia_env)},
         "placeable": placeable, "problems": _notes(row.problems), "warnings": _notes(row.warnings),
     }
-    if checked:
-        answer["cluster"] = ({"decision": "wait", **_notes([cluster])[0]} if cluster
-                             else {"decision": "bind" if row.placeable else "none"})
+    if cluster is not None:
+        answer["cluster"] = {"decision": DECISIONS[cluster.action], "plugin": cluster.plugin or None,
+                             "reason": cluster.reason, "message": cluster.message}
     return answer
 
 
@@ -75,7 +78,7 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
             status = ",".join(p["reason"] for p in pod["problems"]) or "ok"
             if checked:
                 status = {"bind": "bind now", "none": status}.get(
-                    pod["cluster"]["decision"], f"{pod['cluster'].get('reason')} now")
+                    pod["cluster"]["decision"], f"{pod['cluster'].get('plugin')} now")
             nvidia = [_env_text(pod["env"]["nvidia"]) or "<none>"] if wide else []
             lines.append(["-" if pod["index"] is None else str(pod["index"]), pod["pod"], pod["node"] or "<none>",
                           ",".join(pod["devices"]) or "<none>", *nvidia, status])
@@ -144,6 +147,11 @@ def explain_table(answer: dict[str, Any]) -> str:
                         [[e["type"], e["reason"], str(e["count"]), e["lastTimestamp"] or "<unknown>", e["message"]]
                          for e in events])
         lines += ["  " + line for line in table.splitlines()]
-    nxt = answer["nextResync"]
-    lines.append(f"Next resync:    {nxt['action']}: {nxt['message']}")
+    decided = answer["scheduling"]
+    if decided["action"] == "wait":
+        lines.append(f"Scheduling:     waits in bind's queue, refused by {decided['plugin']}: {decided['message']}")
+        on = ", ".join([*decided["retriedOn"], "a change of the pod"])
+        lines.append(f"                tried again on {on}, {RETRIED_ANYWAY}")
+    else:
+        lines.append(f"Scheduling:     {decided['action']}: {decided['message']}")
     return "\n".join(lines) + "\n"

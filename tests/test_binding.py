@@ -3,19 +3,22 @@ behind bind. Table-driven; the captured ApiServerSource events are among the inp
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from conftest import sample
+from kubeapi.errors import APIError
 from gpu_scheduler.binding import (
     ALREADY_BOUND, API_ERROR, BOUND_ELSEWHERE, GONE, REPLACED, RETRY, Bind, EventError, Ignore, Unplaceable,
-    bind_decision, binding_for, check_pod, conflict_outcome, failure_outcome,
+    bind_decision, binding_for, check_pod, conflict_outcome,
 )
 from gpu_scheduler.devices import (
     ModeError, device_env, device_mode, device_warnings, requests_gpus, shared_devices,
 )
 from gpu_scheduler.events import PodRef, event_for, event_name, recount, unscheduled_condition
-from gpu_scheduler.nodecheck import gpu_capacity, node_problem, tolerates
+from decide import problem as node_problem
+from gpu_scheduler.nodecheck import gpu_capacity, tolerates
 from gpu_scheduler.placement import resolve
 from gpu_scheduler.schedmap import Placement
 
@@ -96,11 +99,24 @@ def test_check_pod_names_the_bad_field(data, needle):
 
 
 # -- API outcomes ------------------------------------------------------------------------
-@pytest.mark.parametrize("status, outcome", [(0, RETRY), (408, RETRY), (425, RETRY), (429, RETRY), (500, RETRY),
-                                             (502, RETRY), (503, RETRY), (504, RETRY), (404, GONE), (400, API_ERROR),
-                                             (401, API_ERROR), (403, API_ERROR), (422, API_ERROR)])
-def test_failure_outcomes(status, outcome):
-    assert failure_outcome(status) == outcome
+@pytest.mark.parametrize("status, message, transient", [
+    (0, "", True), (408, "", True), (425, "", True), (429, "", True), (500, "", True), (502, "", True), (503, "", True),
+    (504, "", True), (404, "", False), (400, "", False), (401, "", False), (403, "forbidden", False), (422, "", False),
+    (403, "forbidden: not yet ready to handle request", True)])
+def test_api_errors_worth_retrying(status, message, transient):
+    assert APIError(status, message).transient is transient
+
+
+def test_a_404_for_a_namespace_is_told_apart_from_one_for_the_object():
+    body = json.dumps({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+                       "message": 'namespaces "gpu-scheduler" not found',
+                       "details": {"name": "gpu-scheduler", "kind": "namespaces"}})
+    error = APIError.of_response(404, "Not Found", body.encode())
+    assert error.namespace_missing() == "gpu-scheduler" and error.message == 'namespaces "gpu-scheduler" not found'
+    pod = APIError.of_response(404, "Not Found", json.dumps({"message": 'pods "x" not found',
+                                                              "details": {"name": "x", "kind": "pods"}}))
+    assert pod.not_found and pod.namespace_missing() == "" and pod.kind == "pods"
+    assert APIError.of_response(502, "Bad Gateway", b"<html>").message == "502 Bad Gateway"
 
 
 @pytest.mark.parametrize("current, outcome", [

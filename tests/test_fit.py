@@ -10,11 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_scheduler import fit
-from gpu_scheduler.fit import (
-    DEVICES_ANNOTATION, SHARE_ANNOTATION, NodeInfo, PodInfo, bind_problem, fit_problem, gpus_held, node_ports,
-    node_resources_fit, parse_quantity, pod_requests,
-)
+from decide import problem as bind_problem
+from decide import problem as fit_problem
+from gpu_scheduler.fit import DEVICES_ANNOTATION, SHARE_ANNOTATION, NodeInfo, PodInfo, parse_quantity, pod_requests
+from gpu_scheduler.plugins.gpusheld import gpus_held as _gpus_held
+from gpu_scheduler.plugins.nodeports import PORTS_REASON, node_ports
+from gpu_scheduler.plugins.noderesourcesfit import node_resources_fit
 from gpu_scheduler.schedmap import Placement
+
+
+def gpus_held(pod, placement: Placement, info: NodeInfo) -> str | None:
+    return _gpus_held(pod, placement.devices, placement.node, info.pods)
 
 NODE = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "zone": "a", "gen": "3"}},
         "spec": {},
@@ -192,7 +198,7 @@ def test_host_ports(wanted, taken, conflict):
                          others(pod("holder", containers=[container(ports=[taken])])))
     assert (problem is not None) == conflict
     if conflict:
-        assert problem.startswith(fit.PORTS_REASON) and "ns/holder" in problem
+        assert problem.startswith(PORTS_REASON) and "ns/holder" in problem
 
 
 def test_host_ports_of_sidecars_count_and_of_init_containers_do_not():

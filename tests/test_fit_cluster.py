@@ -15,7 +15,9 @@ import urllib.error
 import pytest
 
 from conftest import FunctionServer
-from gpu_scheduler.fit import DEVICES_ANNOTATION, PORTS_REASON, fit_problem
+from decide import problem as fit_problem
+from gpu_scheduler.fit import DEVICES_ANNOTATION
+from gpu_scheduler.plugins.nodeports import PORTS_REASON
 from gpu_scheduler.schedmap import Placement
 from localcp.cluster import now
 from test_end_to_end import pod_manifest, statefulset

@@ -154,7 +154,7 @@ def test_bind_keeps_a_placeable_pod_while_the_api_is_down(bind_server):
     assert status == 200, raw
     body = json.loads(raw)
     # The event is a trigger: the pod is read first, so the failure is the read's, before any node.
-    assert body["result"] == "Retry" and body["queued"] is True and "unreachable" in body["message"]
+    assert body["result"] == "Retry" and body["queued"] is True and "cannot reach the Kubernetes API" in body["message"]
 
 
 def test_bind_accepts_structured_mode(bind_server):

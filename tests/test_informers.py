@@ -103,11 +103,11 @@ def test_a_failed_listing_is_retried_with_backoff_and_then_relisted_whole(monkey
 def test_an_optional_kind_the_api_server_does_not_serve_is_an_empty_synced_view_until_it_is(monkeypatch):
     """DRA's kinds on an API server before 1.34 (404): bind is ready with no slices and no claims,
     rather than never ready, and lists again later in case the API is turned on."""
-    from kubernetes.client.exceptions import ApiException
+    from kubeapi.errors import APIError
 
     monkeypatch.setattr(informers, "NOT_SERVED_RETRY_SECONDS", 0.05)
     view = View()
-    made = informer(view, [ApiException(status=404), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
+    made = informer(view, [APIError(404, 'the server could not find the requested resource'), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
     made.optional = True
     thread = threading.Thread(target=made._run, daemon=True)
     thread.start()
@@ -120,11 +120,11 @@ def test_an_optional_kind_the_api_server_does_not_serve_is_an_empty_synced_view_
 
 
 def test_a_404_of_a_kind_bind_needs_is_retried_as_any_failure(monkeypatch):
-    from kubernetes.client.exceptions import ApiException
+    from kubeapi.errors import APIError
 
     monkeypatch.setattr(informers, "FIRST_RETRY_SECONDS", 0.01)
     view = View()
-    made = informer(view, [ApiException(status=404), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
+    made = informer(view, [APIError(404, 'the server could not find the requested resource'), [([pod("a", "5")], "20")]], [[("ERROR", {"message": "x"}, 1)]])
     thread = threading.Thread(target=made._run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 5

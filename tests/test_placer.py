@@ -11,13 +11,13 @@ import sys
 import time
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from conftest import REPO, sample
 from gpu_scheduler import permissions
 from gpu_scheduler.records import GRACE_SECONDS, lease_for, record_name, workload_key
 from gpu_scheduler.fit import workload
 from kubeapi.client import CALLS
+from kubeapi.errors import APIError
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
 from placer import Placer  # noqa: E402
@@ -28,10 +28,8 @@ NODE = {"metadata": {"name": "node1"}, "spec": {},
 MINE = workload_key(workload(POD))
 
 
-def api_error(status: int, message: str = "") -> ApiException:
-    error = ApiException(status=status, reason="x")
-    error.body = json.dumps({"message": message or f"status {status}"})
-    return error
+def api_error(status: int, message: str = "", kind: str = "") -> APIError:
+    return APIError(status, message or f"status {status}", kind=kind)
 
 
 class FakeApi:
@@ -81,7 +79,7 @@ def placer_with(pods=(), nodes=(NODE,), leases=(), **script) -> tuple[Placer, Fa
 
 
 def placed(placer: Placer, pod=POD) -> dict:
-    result = placer._place(copy.deepcopy(pod)).outcome
+    result = placer.place(copy.deepcopy(pod)).outcome
     placer.recorder.flush()
     return result
 
@@ -184,13 +182,13 @@ def test_another_instance_of_the_same_workload_writing_first_is_fine():
                                    api_error(429)])
 def test_a_transient_failure_writing_the_record_is_retried_and_binds_nothing(error):
     placer, api = placer_with(create_lease=[error])
-    attempt = placer._place(copy.deepcopy(POD))
+    attempt = placer.place(copy.deepcopy(POD))
     assert attempt.retry and attempt.outcome["result"] == "Retry" and api.called("bind") == []
 
 
 def test_forbidden_is_a_scheduler_error_retried_after_backoff():
     placer, api = placer_with(bind=[api_error(403, "pods/binding is forbidden")])
-    attempt = placer._place(copy.deepcopy(POD))
+    attempt = placer.place(copy.deepcopy(POD))
     placer.recorder.flush()
     assert attempt.outcome["result"] == "APIError" and attempt.retry and "forbidden" in attempt.outcome["message"]
     ((namespace, name, body), _), = api.called("patch_pod_status")
@@ -201,7 +199,7 @@ def test_forbidden_is_a_scheduler_error_retried_after_backoff():
 @pytest.mark.parametrize("status", [429, 500, 503, 504])
 def test_transient_binding_errors_are_retried_by_the_queue_not_redelivered(status):
     placer, api = placer_with(bind=[api_error(status)])
-    attempt = placer._place(copy.deepcopy(POD))
+    attempt = placer.place(copy.deepcopy(POD))
     assert attempt.retry and attempt.outcome["result"] == "Retry" and "retry" not in attempt.outcome
     placer.recorder.flush()
     assert api.called("patch_pod_status") == []  # no verdict on the pod for a blip
@@ -226,7 +224,7 @@ def test_a_conflict_is_judged_by_the_pod_as_it_is_now(current, outcome):
 
 def test_a_missing_node_is_unschedulable_until_a_node_is_added():
     placer, api = placer_with(nodes=())
-    attempt = placer._place(copy.deepcopy(POD))
+    attempt = placer.place(copy.deepcopy(POD))
     assert attempt.outcome["result"] == "Unschedulable" and "node node1 does not exist" in attempt.outcome["message"]
     assert attempt.refused.filter == "NodeExists" and api.called("bind") == []
 
@@ -261,7 +259,7 @@ def test_the_client_makes_exactly_the_calls_rbac_grants():
 
 def test_a_pod_that_does_not_fit_is_unschedulable_and_not_bound():
     placer, api = placer_with(pods=[holder_pod("1")])
-    attempt = placer._place(copy.deepcopy(POD))
+    attempt = placer.place(copy.deepcopy(POD))
     assert attempt.outcome["result"] == "Unschedulable"
     assert attempt.outcome["message"].startswith("GPU 1 on node1 is held by team-a/train-0")
     assert attempt.refused.filter == "GPUsHeld" and api.called("bind") == []
@@ -338,7 +336,7 @@ def test_an_event_for_a_pod_not_ours_reads_nothing():
 
 
 def test_no_api_configuration_asks_for_redelivery():
-    placer = Placer(None, "no kubeconfig")
+    placer = Placer(None, problem="no kubeconfig")
     assert placer.place_event(copy.deepcopy(POD))["retry"] is True
     assert placer.resync()["retry"] is True and not placer.ready()
 
@@ -520,7 +518,7 @@ def test_dra_a_409_on_the_status_whose_winner_allocated_elsewhere_is_reported_no
     other = [{"request": f"gpu-{i}", "driver": NVIDIA, "pool": "node1", "device": f"gpu-{i}"} for i in (2, 3)]
     placer, api = dra_placer(claims=[our_claim()], update_resource_claim_status=[api_error(409, "conflict")],
                              read_resource_claim=[our_claim(allocation=allocated_to(other))])
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     assert attempt.outcome["result"] == "Unschedulable" and "allocated to other devices" in attempt.outcome["message"]
     assert attempt.refused.filter == "DynamicResources" and api.called("bind") == []
     assert len(api.called("update_resource_claim_status")) == 1
@@ -530,7 +528,7 @@ def test_dra_a_device_allocated_in_another_claim_refuses_before_any_write():
     theirs = {"metadata": {"name": "inference", "namespace": "team-b", "resourceVersion": "3"},
               "status": {"allocation": allocated_to([{"request": "r", "driver": NVIDIA, "pool": "node1", "device": "gpu-1"}])}}
     placer, api = dra_placer(claims=[theirs])
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
     assert attempt.outcome["message"] == (f"map entry 0=node1:0,1: device 1 ({NVIDIA}/node1/gpu-1) is allocated in"
                                           " ResourceClaim team-b/inference")
@@ -568,7 +566,7 @@ def test_dra_a_claim_of_a_former_pod_of_the_same_name_waits_for_its_deletion():
     old = our_claim(allocation=allocated_to(WANTED_RESULTS), reservedFor=[{"resource": "pods", "name": "x", "uid": "u-old"}])
     old["metadata"]["ownerReferences"][0]["uid"] = "u-old"
     placer, api = dra_placer(claims=[old])
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     # Its devices are held by that claim (another owner's), which the refusal names.
     assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
     assert claim_writes(api) == []
@@ -577,7 +575,7 @@ def test_dra_a_claim_of_a_former_pod_of_the_same_name_waits_for_its_deletion():
 @pytest.mark.parametrize("method", ["create_resource_claim", "update_resource_claim", "update_resource_claim_status"])
 def test_dra_a_transient_failure_writing_the_claim_is_retried_and_binds_nothing(method):
     placer, api = dra_placer(**{method: [api_error(503)]})
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     assert attempt.retry and attempt.outcome["result"] == "Retry" and api.called("bind") == []
     assert f"ResourceClaim default/{CLAIM}" in attempt.outcome["message"]
 
@@ -585,7 +583,7 @@ def test_dra_a_transient_failure_writing_the_claim_is_retried_and_binds_nothing(
 def test_dra_a_claim_that_keeps_changing_is_retried():
     placer, api = dra_placer(claims=[our_claim()], update_resource_claim_status=[api_error(409)],
                              read_resource_claim=[our_claim()])
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     assert attempt.retry and "changed 5 times" in attempt.outcome["message"] and api.called("bind") == []
 
 
@@ -593,7 +591,7 @@ def test_dra_a_pod_naming_another_claim_is_refused():
     pod = copy.deepcopy(DRA_POD)
     pod["spec"]["resourceClaims"][0]["resourceClaimName"] = "someone-elses"
     placer, api = dra_placer()
-    attempt = placer._place(pod)
+    attempt = placer.place(pod)
     assert attempt.outcome["result"] == "Unschedulable" and "must name ResourceClaim" in attempt.outcome["message"]
 
 
@@ -611,9 +609,9 @@ def test_dra_a_claim_deallocated_frees_its_devices_and_two_claims_of_one_device_
         return body
 
     placer, api = dra_placer(claims=[theirs("a", "gpu-0"), theirs("b", "gpu-0")])
-    assert "ResourceClaim team-b/a" in placer._place(copy.deepcopy(DRA_POD)).outcome["message"]
+    assert "ResourceClaim team-b/a" in placer.place(copy.deepcopy(DRA_POD)).outcome["message"]
     placer.views._apply_claim("MODIFIED", {**theirs("a"), "metadata": {**theirs("a")["metadata"], "resourceVersion": "4"}})
-    assert "ResourceClaim team-b/b" in placer._place(copy.deepcopy(DRA_POD)).outcome["message"]
+    assert "ResourceClaim team-b/b" in placer.place(copy.deepcopy(DRA_POD)).outcome["message"]
     placer.views._apply_claim("DELETED", theirs("b", "gpu-0"))
     assert placed(placer, DRA_POD)["result"] == "Bound"
 
@@ -622,8 +620,8 @@ def test_dra_a_pod_asking_for_dra_admitted_without_the_webhook_is_refused_until_
     pod = copy.deepcopy(POD)
     pod["metadata"]["annotations"]["gpu-scheduler/device-env"] = "dra"
     placer, api = dra_placer()
-    attempt = placer._place(pod)
-    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "Map"
+    attempt = placer.place(pod)
+    assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
     assert "admitted without gpu-scheduler's webhook" in attempt.outcome["message"] and claim_writes(api) == []
 
 
@@ -634,7 +632,7 @@ def test_dra_a_pod_on_an_api_server_without_dra_is_refused_saying_so():
     for informer in placer.views.informers:
         if informer.optional:
             informer.served = False
-    attempt = placer._place(copy.deepcopy(DRA_POD))
+    attempt = placer.place(copy.deepcopy(DRA_POD))
     assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
     assert "does not serve resource.k8s.io/v1" in attempt.outcome["message"]
     assert claim_writes(api) == []

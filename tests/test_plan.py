@@ -3,6 +3,11 @@ selector contradictions as far as they can be known; what the next resync does."
 from __future__ import annotations
 
 import pytest
+
+from gpu_scheduler.framework.config import SchedulerConfig
+from gpu_scheduler.framework.profile import default_profile
+from gpu_scheduler.framework.runtime import Framework
+from gpu_scheduler.framework.snapshot import NodeSnapshot
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -185,7 +190,7 @@ def test_messages_say_values_as_yaml_does_never_as_python():
     [row, *_] = rows(obj)
     assert row.problems[0].message.startswith("spec.schedulerName is not set (the default scheduler's), not"
                                               " gpu-scheduler: another scheduler places this pod")
-    resync = core.next_resync(cluster_pod(scheduler=None))
+    resync = decided(cluster_pod(scheduler=None))
     assert (resync.action, resync.reason) == ("nothing", "Ignored")
     assert resync.message.startswith("spec.schedulerName is not set")
     assert [core.found(v) for v in (None, True, False, -1, 2.5, "3", "x" * 70, [1], {"a": 1})] == [
@@ -330,14 +335,20 @@ def cluster_pod(name="w-0", node_name="", text=SEED, scheduler=SCHEDULER_NAME):
                 {"name": "c", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}, {"name": "X", "value": "y"}]}]}}
 
 
-def test_bind_problem_is_bind_s_node_check():
+def decided(pod, node_object=None) -> core.Scheduling:
+    """plan's and explain's answer for `pod`, its map node being `node_object`: bind's framework."""
+    framework = Framework(default_profile(SchedulerConfig()))
+    return core.scheduling(pod, framework, lambda name: NodeSnapshot(name, node_object))
+
+
+def test_the_answer_is_bind_s_framework_s():
     pod = cluster_pod()
-    placement = resolve(pod).placement
-    assert core.bind_problem(pod, node(), placement) is None
-    assert core.bind_problem(pod, None, placement) == "node node1 does not exist"
-    assert "cordoned" in core.bind_problem(pod, node(unschedulable=True), placement)
-    assert "not Ready" in core.bind_problem(pod, node(ready=False), placement)
-    assert "beyond node node1's 1" in core.bind_problem(pod, node(gpus="1"), placement)
+    assert decided(pod, node()).action == "bind"
+    assert (decided(pod).plugin, decided(pod).message) == ("NodeExists", "node node1 does not exist")
+    assert decided(pod).retried_on == ("the node added",)
+    assert "cordoned" in decided(pod, node(unschedulable=True)).message
+    assert "not Ready" in decided(pod, node(ready=False)).message
+    assert "beyond node node1's 1" in decided(pod, node(gpus="1")).message
 
 
 @pytest.mark.parametrize("pod,node_object,action,reason", [
@@ -349,8 +360,8 @@ def test_bind_problem_is_bind_s_node_check():
     (cluster_pod(node_name="node1"), None, "nothing", "Ignored"),
     (cluster_pod(scheduler="default-scheduler"), None, "nothing", "Ignored"),
 ])
-def test_next_resync_is_bind_s_decision(pod, node_object, action, reason):
-    answer = core.next_resync(pod, node_object)
+def test_scheduling_is_bind_s_decision(pod, node_object, action, reason):
+    answer = decided(pod, node_object)
     assert (answer.action, answer.reason) == (action, reason)
     assert answer.placeable == (action != "wait")
 

@@ -104,7 +104,7 @@ def test_plan_cluster_says_what_bind_then_does(stack, namespace, reader, cordone
     assert f"not placed now: pod gpu-scheduler-check-1: node {cordoned} is cordoned" in out
 
 
-def test_explain_a_bound_and_a_waiting_pod_and_the_resync_that_places_it(stack, namespace, reader, cordoned):
+def test_explain_a_bound_and_a_waiting_pod_and_the_attempt_that_places_it(stack, namespace, reader, cordoned):
     stack.apply(workload(namespace, f"0=node1:0,1\n1={cordoned}:2", 2))
     stack.wait_for(lambda: len([p for p in stack.pods(namespace) if p["spec"].get("nodeName")]) == 1, 60, "pod 0 bound")
 
@@ -115,7 +115,7 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_resync_that_places_it(stack, 
     assert answer["env"]["check"] == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert answer["envCheck"] == {"matches": True, "mode": "cuda"}
     assert [e["reason"] for e in answer["events"]] == ["Scheduled"]
-    assert answer["nextResync"]["action"] == "nothing" and "already bound to node1" in answer["nextResync"]["message"]
+    assert answer["scheduling"]["action"] == "nothing" and "already bound to node1" in answer["scheduling"]["message"]
 
     stack.wait_for(lambda: run("explain", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader,
                                "-o", "json")[1].count("FailedScheduling"), 20, "the FailedScheduling Event")
@@ -125,12 +125,13 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_resync_that_places_it(stack, 
     assert code == 1
     assert answer["podScheduled"]["status"] == "False" and "is cordoned" in answer["podScheduled"]["message"]
     assert answer["events"][0]["type"] == "Warning" and "is cordoned" in answer["events"][0]["message"]
-    assert answer["nextResync"] == {"action": "wait", "node": cordoned, "reason": "Unschedulable",
+    assert answer["scheduling"] == {"action": "wait", "node": cordoned, "plugin": "NodeUnschedulable",
+                                    "reason": "Unschedulable", "retriedOn": ["the node updated"],
                                     "message": f"node {cordoned} is cordoned (spec.unschedulable)"}
 
     stack.cp.kubectl("uncordon", cordoned)
     code, out, _ = run("explain", "pods/gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
-    assert code == 0 and f"Next resync:    bind: bind to {cordoned}" in out
+    assert code == 0 and f"Scheduling:     bind: bind to {cordoned}" in out
     assert "Events (gpu-scheduler):" in out and "FailedScheduling" in out
     stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
     code, out, _ = run("explain", "pod", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
@@ -148,9 +149,9 @@ def test_a_pod_of_another_scheduler_is_explained_as_not_ours(stack, namespace, r
            "spec": {"containers": [{"name": "c", "image": "i"}]}}
     stack.apply(pod)
     code, out, _ = run("explain", "other-0", "-n", namespace, "--kubeconfig", reader)
-    assert code == 0 and "Map entry:      <none>" in out and "Next resync:    nothing:" in out
+    assert code == 0 and "Map entry:      <none>" in out and "Scheduling:     nothing:" in out
     assert "NoAnnotation: the pod has no gpu-scheduling-map annotation" in out
-    assert 'Next resync:    nothing: spec.schedulerName is "default-scheduler", not gpu-scheduler' in out
+    assert 'Scheduling:     nothing: spec.schedulerName is "default-scheduler", not gpu-scheduler' in out
     assert "None" not in out
 
 

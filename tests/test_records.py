@@ -6,15 +6,21 @@ import json
 
 import pytest
 
-from gpu_scheduler.fit import GPUS_HELD, NODE_AFFINITY, NODE_PORTS, NODE_RESOURCES_FIT, PodInfo
-from gpu_scheduler.nodecheck import NODE_EXISTS, NODE_READY
+from gpu_scheduler.fit import PodInfo
+from gpu_scheduler.plugins.gpusheld import NAME as GPUS_HELD
+from gpu_scheduler.plugins.mapentry import NAME as MAP
+from gpu_scheduler.plugins.nodeaffinity import NAME as NODE_AFFINITY
+from gpu_scheduler.plugins.nodeexists import NAME as NODE_EXISTS
+from gpu_scheduler.plugins.nodeports import NAME as NODE_PORTS
+from gpu_scheduler.plugins.noderesourcesfit import NAME as NODE_RESOURCES_FIT
+from gpu_scheduler.plugins.nodeready import NAME as NODE_READY
 from gpu_scheduler.queueing import (
-    EVENTS_TO_REGISTER, MAP, MAX_BACKOFF_SECONDS, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, Refused,
+    EVENTS_TO_REGISTER, MAX_BACKOFF_SECONDS, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, Refused,
     backoff_seconds, requeues,
 )
+from gpu_scheduler.plugins.gpusheld import Create, Held, Keep, Write, record_step
 from gpu_scheduler.records import (
-    GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Create, Held, Keep, Record, Write, is_free, lease_for,
-    record_name, record_step, workload_key,
+    GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, is_free, lease_for, record_name, workload_key,
 )
 
 NOW = 1_800_000_000.0
@@ -102,7 +108,9 @@ def test_the_refusal_names_the_holder_and_the_way_to_share():
     assert held.message == ('GPU 0 on node1 is held by team-a/train-0 (StatefulSet team-a/train; '
                             'both workloads may set gpu-scheduler/share-gpus: "true" to share)')
     fresh = record_step(record(age=5), B, False, (), NOW)
-    assert "was given to team-a/train-0 (StatefulSet team-a/train) 5 s ago" in fresh.message
+    assert "was given to team-a/train-0 (StatefulSet team-a/train) at " in fresh.message
+    # The same words on every attempt while the record stays as it is: one Event, counted up.
+    assert record_step(record(age=5), B, False, (), NOW + 7).message == fresh.message
 
 
 def test_sharing_is_bounded():
@@ -140,11 +148,14 @@ def test_a_refusal_is_undone_only_by_the_events_its_filter_registered(filter_nam
     assert requeues(Refused(filter_name, "node1"), event, "node2") is False  # a pinned pod has one node
 
 
-def test_every_filter_bind_reports_registers_its_events():
-    from gpu_scheduler import nodecheck
-    filters = {v for k, v in vars(nodecheck).items() if k.isupper() and isinstance(v, str) and v[:1].isupper()
-               and k not in ("GPU_RESOURCE",)}
-    assert filters | {NODE_AFFINITY, NODE_PORTS, NODE_RESOURCES_FIT, GPUS_HELD, MAP} <= set(EVENTS_TO_REGISTER)
+def test_every_plugin_of_the_profile_is_named_and_registers_its_events():
+    from gpu_scheduler.framework.config import SchedulerConfig
+    from gpu_scheduler.framework.profile import default_profile
+    profile = default_profile(SchedulerConfig())
+    plugins = {p for phase in vars(profile).values() for p in phase}
+    assert all(p.name for p in plugins) and {p.name for p in plugins} <= set(EVENTS_TO_REGISTER)
+    # every refusing plugin but the map's registers at least one event; the map's only the pod can undo
+    assert all(p.events for p in plugins if p.name not in (MAP, "DefaultBinder"))
 
 
 def test_backoff_doubles_to_its_bound():

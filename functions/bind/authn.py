@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
+from kubeapi.errors import APIError
 
 from gpu_scheduler.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem, token_review
 
@@ -46,10 +46,8 @@ class SinkAuthenticator:
                 raise Unavailable("no Kubernetes API configuration to review the token")
             try:
                 status = self.api.create_token_review(token_review(token, self.auth.audience)).get("status") or {}
-            except ApiException as error:
-                raise Unavailable(f"TokenReview failed: {error.status} {error.reason}") from None
-            except urllib3.exceptions.HTTPError as error:
-                raise Unavailable(f"Kubernetes API unreachable: {error}") from None
+            except APIError as error:
+                raise Unavailable(f"TokenReview failed: {error.status or 'no answer'}: {error.message}") from None
             problem = sender_problem(status, self.auth)
             with self._lock:
                 self._verdicts[key] = (time.monotonic(), problem)

@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import prometheus_client as prom
-from kubernetes.client.exceptions import ApiException
+from kubeapi.errors import APIError
 
 log = logging.getLogger("bind")
 WATCH_SECONDS = 300  # one watch request; the next continues from its last resourceVersion
@@ -45,6 +45,7 @@ class Informer:
         self.synced = threading.Event()
         self.version = ""  # the resourceVersion the view is at: its listing's, then each event's
         self.listed_at = 0.0  # monotonic time of the last listing that succeeded
+        self.problem = ""  # why the first listing has not succeeded yet (readiness says it)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -63,9 +64,10 @@ class Informer:
             except WatchGone as gone:
                 log.info("watch ended; listing again", extra={"view": self.name, "detail": str(gone)[:200]})
             except Exception as error:  # an outage, a 403 "not yet ready", a broken stream: list again
-                if self.optional and isinstance(error, ApiException) and error.status == 404:
+                if self.optional and isinstance(error, APIError) and error.not_found:
                     self._not_served()
                     continue
+                self.problem = f"listing {self.name}: {error}" if not self.synced.is_set() else ""
                 log.info("watch failed; listing again", extra={"view": self.name, "detail": str(error)[:200],
                                                                "retry_in_s": delay})
                 time.sleep(delay)
@@ -93,6 +95,7 @@ class Informer:
         started = time.monotonic()
         self._replace(pages())
         self.served = True
+        self.problem = ""
         self.version = version
         self.listed_at = time.monotonic()
         self.synced.set()

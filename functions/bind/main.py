@@ -64,10 +64,8 @@ def _handle(request: Request):
     if request.path == "/health/liveness":
         return "ok\n", 200
     if request.path == "/health/readiness":
-        if placer.ready():
-            return "ok\n", 200
-        return ("no Kubernetes API configuration\n" if placer.api is None else
-                "listing pods, nodes and device records\n"), 503
+        readiness = placer.readiness()
+        return ("ok\n", 200) if readiness.ready else (f"not ready: {readiness.message}\n", 503)
     if request.path == "/metrics":
         return prom.generate_latest(), 200, {"Content-Type": prom.CONTENT_TYPE_LATEST}
     if request.method != "POST":

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import prometheus_client as prom
-from kubernetes.client.exceptions import ApiException
+from kubeapi.errors import APIError
 
 from gpu_scheduler.events import PodRef, event_for, event_name, recount, unscheduled_condition
 
@@ -34,8 +34,9 @@ class Recorder:
         self._start_lock = threading.Lock()
 
     # -- what the placer calls ------------------------------------------------------------
-    def event(self, pod: PodRef, kind: str, reason: str, message: str, action: str = "Scheduling") -> None:
-        self._submit(lambda: self._write_event(pod, kind, reason, message, action))
+    def event(self, pod: PodRef, kind: str, reason: str, message: str, action: str = "Scheduling",
+              annotations: dict[str, str] | None = None) -> None:
+        self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations))
 
     def unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         if self._conditions.get(pod.uid) != (reason, message):
@@ -64,9 +65,9 @@ class Recorder:
         while (work := self._queue.get()) is not None:
             try:
                 work()
-            except ApiException as error:
-                DROPPED.labels(str(error.status)).inc()
-                log.info("event or condition not written", extra={"status": error.status, "detail": error.reason})
+            except APIError as error:
+                DROPPED.labels(str(error.status) if error.status else "unreachable").inc()
+                log.info("event or condition not written", extra={"status": error.status, "detail": error.message})
             except Exception as error:  # the API may be down: the next failure writes again
                 DROPPED.labels("unreachable").inc()
                 log.info("event or condition not written", extra={"detail": str(error)})
@@ -78,28 +79,30 @@ class Recorder:
             cache.popitem(last=False)
 
     # -- the writes ------------------------------------------------------------------------
-    def _write_event(self, pod: PodRef, kind: str, reason: str, message: str, action: str) -> None:
+    def _write_event(self, pod: PodRef, kind: str, reason: str, message: str, action: str,
+                     annotations: dict[str, str] | None = None) -> None:
         name = event_name(pod, reason, message)
         stamp = now()
         count = self._counts.get(name)
         if count is None:
             try:
-                self.api.create_event(pod.namespace, event_for(pod, kind, reason, message, stamp, self.instance, action))
+                self.api.create_event(pod.namespace, event_for(pod, kind, reason, message, stamp, self.instance, action,
+                                                               annotations))
                 self._remember(self._counts, name, 1)
                 return
-            except ApiException as error:
-                if error.status != 409:
+            except APIError as error:
+                if not error.conflict:
                     raise
             # Created before by another instance, or by us before a restart: count on from it.
             count = self.api.read_event(pod.namespace, name).get("count") or 1
         try:
             self.api.patch_event(pod.namespace, name, recount(count + 1, stamp))
             self._remember(self._counts, name, count + 1)
-        except ApiException as error:
-            if error.status != 404:
+        except APIError as error:
+            if not error.not_found:
                 raise
             self._counts.pop(name, None)  # expired (the API server keeps Events for an hour)
-            self._write_event(pod, kind, reason, message, action)
+            self._write_event(pod, kind, reason, message, action, annotations)
 
     def _write_condition(self, pod: PodRef, reason: str, message: str) -> None:
         body = unscheduled_condition(reason, message, now())

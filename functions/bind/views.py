@@ -8,15 +8,19 @@ refusal is passed to the scheduling queue as a cluster event; each pending pod o
 changed is queued. The I/O side of bind; the decisions stay in gpu_scheduler/."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import time
 import json
 import threading
-from collections import OrderedDict, abc
+from collections import OrderedDict
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
-from gpu_scheduler.dra import Device, allocated
+from gpu_scheduler.dra import Device, allocated, drivers_on, node_devices
+from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
     SLICE_DELETE, SLICE_UPDATE,
@@ -35,15 +39,17 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
-    """What the checks read of a node, without heartbeats: a status update that changes nothing
-    else is no event (kube-scheduler's node update hints look at the same fields)."""
-    meta, spec, status = _meta(node), node.get("spec") or {}, node.get("status") or {}
-    conditions = [{k: v for k, v in c.items() if k not in ("lastHeartbeatTime",)}
+    """The node as the plugins read it, less what changes without changing any answer (its
+    heartbeats, its version) and what is large and read by none (its images, volumes and managed
+    fields): a status update that changes nothing else is no event, as kube-scheduler's node
+    update hints ignore heartbeats."""
+    meta, status = _meta(node), node.get("status") or {}
+    conditions = [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
                   for c in status.get("conditions") or [] if isinstance(c, dict)]
-    return {"metadata": {"name": meta.get("name"), "labels": meta.get("labels") or {}},
-            "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-            "status": {"conditions": conditions, "capacity": status.get("capacity") or {},
-                       "allocatable": status.get("allocatable") or {}}}
+    kept_meta = {k: v for k, v in meta.items() if k not in ("managedFields", "resourceVersion")}
+    kept_status = {k: v for k, v in status.items() if k not in ("images", "volumesAttached", "volumesInUse")}
+    return {**{k: v for k, v in node.items() if k not in ("metadata", "status")}, "metadata": kept_meta,
+            "status": {**kept_status, "conditions": conditions}}
 
 
 def _placement_fingerprint(pod: Mapping[str, Any]) -> str:
@@ -60,23 +66,24 @@ def _is_pending_ours(pod: Mapping[str, Any]) -> bool:
             and not _meta(pod).get("deletionTimestamp") and not is_terminal(pod))
 
 
-class _Held(abc.Mapping):
-    """The held index as gpu_scheduler.dra.wanted_devices reads it: device -> a claim's name."""
+@dataclasses.dataclass(frozen=True)
+class PendingPod:
+    """A pending pod of ours as the views keep it: the pod as last seen (None: kept by name only,
+    past the memory bound or named by an event that could not be read), and what it is."""
 
-    def __init__(self, index: dict[Device, dict[str, None]]):
-        self._index = index
+    namespace: str
+    name: str
+    pod: Mapping[str, Any] | None = None
+    fingerprint: str = ""  # what can change its placement (_placement_fingerprint): a new one queues it
+    size: int = 0  # its JSON's bytes, counted against MAX_PENDING_BYTES while kept
 
-    def __getitem__(self, device: Device) -> str:
-        holders = self._index.get(device)
-        if not holders:
-            raise KeyError(device)
-        return next(iter(holders))
 
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
+def _devices_of(slices: Iterable[Mapping[str, Any]]) -> list[Device]:
+    """Every device the slices publish (all of one node)."""
+    slices = list(slices)
+    nodes = {str((s.get("spec") or {}).get("nodeName")) for s in slices}
+    return [device for node in nodes for driver in drivers_on(slices, node)
+            for device, _ in node_devices(slices, node, driver)]
 
 
 def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -89,15 +96,19 @@ def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
 class Views:
     def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True):
         self.api, self.namespace, self.queue = api, namespace, queue
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
         self._nodes: dict[str, dict] = {}
         self._pods_on: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod
         self._listed: dict[str, NodeInfo] = {}  # node -> its pods as a NodeInfo
         self._node_of: dict[str, str] = {}  # uid -> node, for assigned pods
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
-        self._pending: dict[str, tuple[str, Mapping[str, Any] | None, int, tuple[str, str]]] = {}
+        self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
         self._records: dict[tuple[str, str], Record] = {}
+        self._records_on: dict[str, dict[str, Record]] = {}  # node -> device -> record, kept with _records
+        # node -> a number that changes with every change of the node, its pods (assumed ones too),
+        # its records or its slices: an attempt assumes its pod only on the node it decided on.
+        self._generation: dict[str, int] = {}
         # Pods seen deleted, most recent last: a record written for one of them holds nothing.
         self.gone: OrderedDict[str, None] = OrderedDict()
         self.informers = [
@@ -130,58 +141,71 @@ class Views:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self.informers)
 
-    def dra_served(self) -> bool:
-        """The API server serves resource.k8s.io/v1 (Kubernetes 1.34+), as bind's DRA watches found."""
-        return self.dra and all(i.served for i in self.informers if i.optional)
+    def sync_problem(self) -> str:
+        """Why the views are not listed yet, in words (readiness)."""
+        waiting = [i for i in self.informers if not i.synced.is_set()]
+        problems = [i.problem for i in waiting if i.problem]
+        return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
-    # -- reads, for placement ----------------------------------------------------------------
-    def node(self, name: str) -> dict | None:
-        with self.lock:
-            return self._nodes.get(name)
+    # -- reads, for placement ---------------------------------------------------------------
+    def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = ()) -> NodeSnapshot:
+        """The node as one attempt decides on it: immutable, taken under the lock at once, read
+        outside it. Its pods include those this instance is binding there (assumed); `claims`: the
+        (namespace, name) of the claims the pod's attempt reads."""
+        with self._lock:
+            records = dict(self._records_on.get(node, {}))
+            slices = tuple({"spec": spec} for spec in self._slices.get(node, {}).values())
+            held = {device: next(iter(self._held[device])) for device in _devices_of(slices)
+                    if self._held.get(device)}
+            return NodeSnapshot(
+                name=node, node=self._nodes.get(node), info=self._node_info(node),
+                records=MappingProxyType(records), gone=frozenset(uid for r in records.values()
+                                                                  for uid in self._gone_of(r)),
+                now=time.time(), slices=slices, held=MappingProxyType(held),
+                claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
+                dra=self._dra_support(),
+                generation=self._generation.get(node, 0))
 
-    def pending_pod(self, uid: str) -> tuple[Mapping[str, Any] | None, tuple[str, str] | None]:
-        """A pending pod of ours as last seen (None when kept by name only), and its name."""
-        with self.lock:
-            entry = self._pending.get(uid)
-        return (entry[1], entry[3]) if entry else (None, None)
+    def pending_pod(self, uid: str) -> PendingPod | None:
+        with self._lock:
+            return self._pending.get(uid)
 
     def pending_version(self, uid: str) -> str | None:
-        with self.lock:
+        with self._lock:
             entry = self._pending.get(uid)
-            return str(_meta(entry[1]).get("resourceVersion") or "") if entry and entry[1] else None
+            return str(_meta(entry.pod).get("resourceVersion") or "") if entry and entry.pod else None
 
     def assigned_node(self, uid: str) -> str | None:
-        with self.lock:
+        with self._lock:
             return self._node_of.get(uid)
 
     def pending_uids(self) -> list[str]:
-        with self.lock:
+        with self._lock:
             return list(self._pending)
 
-    def node_info(self, node: str) -> NodeInfo:
-        """Inside self.lock: the node's pods as watched, plus those this instance is placing."""
+    def _node_info(self, node: str) -> NodeInfo:
+        """Inside the lock: the node's pods as watched, plus those this instance is placing."""
         view = self._listed.get(node, NodeInfo())
         for uid, info in self._assumed.get(node, {}).items():
             if uid not in view.uids:
                 view = view.plus(info)
         return view
 
-    def record(self, node: str, device: str) -> Record | None:
-        """Inside self.lock or not: one record as watched (or as this instance just wrote it)."""
-        return self._records.get((node, device))
+    def _changed(self, node: str) -> None:
+        """Inside the lock: the node, its pods, records or slices changed."""
+        self._generation[node] = self._generation.get(node, 0) + 1
 
     def gone_of(self, record: Record | None) -> frozenset[str]:
-        """{the UID of the pod `record` was last written for} when this view knows that pod is
-        gone, else nothing: seen deleted, or absent from a pod view that is past the record's own
-        version (the pod was created before its record was written, so a view that far along holds
-        it unless it is gone). A fresh instance thus frees at once the records of pods deleted
-        before it started. resourceVersions are compared as etcd revisions, one counter for pods
-        and Leases alike; where they are not numbers, only deletions seen count."""
-        with self.lock:
-            return self.gone_of_locked(record)
+        with self._lock:
+            return self._gone_of(record)
 
-    def gone_of_locked(self, record: Record | None) -> frozenset[str]:
-        """gone_of, inside self.lock."""
+    def _gone_of(self, record: Record | None) -> frozenset[str]:
+        """Inside the lock: {the UID of the pod `record` was last written for} when this view knows
+        that pod is gone, else nothing: seen deleted, or absent from a pod view that is past the
+        record's own version (the pod was created before its record was written, so a view that far
+        along holds it unless it is gone). A fresh instance thus frees at once the records of pods
+        deleted before it started. resourceVersions are compared as etcd revisions, one counter for
+        pods and Leases alike; where they are not numbers, only deletions seen count."""
         if record is None or not record.last_uid:
             return frozenset()
         uid = record.last_uid
@@ -192,18 +216,14 @@ class Views:
         return frozenset({uid}) if _newer(self.informers[0].version, record.resource_version, or_equal=True) \
             else frozenset()
 
+    def _dra_support(self) -> DraSupport:
+        if not self.dra:
+            return DraSupport.OFF
+        return DraSupport.SERVED if all(i.served for i in self.informers if i.optional) else DraSupport.NOT_SERVED
+
     # -- DRA ---------------------------------------------------------------------------------
-    def slices_on(self, node: str) -> list[Mapping[str, Any]]:
-        """Inside self.lock or not: the ResourceSlices published for `node` (as {"spec": ...})."""
-        return [{"spec": spec} for spec in list(self._slices.get(node, {}).values())]
-
-    def held(self) -> Mapping[Device, str]:
-        """Inside self.lock: each device allocated in a claim, and that claim ("namespace/name";
-        where two claims have it, the first), looked up as asked."""
-        return _Held(self._held)
-
     def _set_claim(self, key: tuple[str, str], claim: Mapping[str, Any] | None) -> None:
-        """Inside self.lock: `claim` (None: deleted) under `key`, and the held index with it."""
+        """Inside self._lock: `claim` (None: deleted) under `key`, and the held index with it."""
         before = self._claims.get(key)
         name = f"{key[0]}/{key[1]}"
         for device in allocated([before] if before is not None else []):
@@ -218,16 +238,13 @@ class Views:
         for device in allocated([claim]):
             self._held.setdefault(device, {})[name] = None
 
-    def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self._claims.get((namespace, name))
-
     def wrote_claim(self, claim: Mapping[str, Any]) -> None:
         """A claim this instance just wrote or read: seen at once, before its watch event."""
-        with self.lock:
+        with self._lock:
             self._keep_claim(claim, from_watch=False)
 
     def _keep_claim(self, claim: Mapping[str, Any], from_watch: bool) -> None:
-        """Inside self.lock: `claim` in the view, unless the view holds a newer copy. A watch's copy
+        """Inside self._lock: `claim` in the view, unless the view holds a newer copy. A watch's copy
         yields only to a newer one this instance wrote; a written or read copy must be newer."""
         key = _name(claim)
         known = self._claims.get(key)
@@ -245,8 +262,10 @@ class Views:
                 spec = item.get("spec") or {}
                 if spec.get("nodeName"):
                     slices.setdefault(spec["nodeName"], {})[str(_meta(item).get("name"))] = spec
-        with self.lock:
+        with self._lock:
             before, self._slices = self._slices, slices
+            for node in set(before) | set(slices):
+                self._changed(node)
         for node in set(before) | set(slices):
             now, then = slices.get(node, {}), before.get(node, {})
             if any(then.get(name) != spec for name, spec in now.items()):
@@ -259,18 +278,19 @@ class Views:
         node = spec.get("nodeName")
         if not node:
             return
-        with self.lock:
+        with self._lock:
             if kind == "DELETED":
                 self._slices.get(node, {}).pop(name, None)
             else:
                 self._slices.setdefault(node, {})[name] = spec
+            self._changed(node)
         event = {"ADDED": SLICE_ADD, "DELETED": SLICE_DELETE}.get(kind, SLICE_UPDATE)
         self.queue.cluster_event(event, node)
 
     def _replace_claims(self, pages: Iterable[list[dict]]) -> None:
         claims = {(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): _trim_claim(c)
                   for items in pages for c in items}
-        with self.lock:
+        with self._lock:
             self._claims, self._held = {}, {}
             for key, claim in claims.items():
                 self._set_claim(key, claim)
@@ -278,7 +298,7 @@ class Views:
         self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
 
     def _apply_claim(self, kind: str, claim: Mapping[str, Any]) -> None:
-        with self.lock:
+        with self._lock:
             if kind == "DELETED":
                 self._set_claim(_name(claim), None)
             else:  # the watch's copy, unless this instance already holds a newer one it wrote
@@ -289,31 +309,51 @@ class Views:
             self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)
 
     def records(self) -> list[Record]:
-        with self.lock:
+        with self._lock:
             return list(self._records.values())
 
     # -- this instance's own placements --------------------------------------------------------
-    def assume(self, node: str, info: PodInfo) -> None:
-        """Inside self.lock: count the pod on the node until the watch shows it there."""
-        self._assumed.setdefault(node, {})[info.uid] = info
+    def assume(self, info: PodInfo, snapshot: NodeSnapshot) -> bool:
+        """Count the pod on the node until the watch shows it there, if the node is still as the
+        attempt's snapshot saw it; False: it changed since, decide again (kube-scheduler's cache
+        generation), so two attempts of this instance never count the same free cpu or GPU twice."""
+        with self._lock:
+            if self._generation.get(snapshot.name, 0) != snapshot.generation:
+                return False
+            self._assumed.setdefault(snapshot.name, {})[info.uid] = info
+            self._changed(snapshot.name)
+            return True
 
     def forget(self, node: str, uid: str) -> None:
-        with self.lock:
-            self._assumed.get(node, {}).pop(uid, None)
+        with self._lock:
+            if self._assumed.get(node, {}).pop(uid, None) is not None:
+                self._changed(node)
 
     def wrote(self, lease: Mapping[str, Any]) -> None:
-        """A record this instance just wrote: seen at once, before its watch event."""
+        """A record this instance just wrote or read: seen at once, before its watch event."""
         record = Record.of(lease)
         if record is not None:
-            with self.lock:
+            with self._lock:
                 known = self._records.get((record.node, record.device))
                 if known is None or _newer(record.resource_version, known.resource_version):
-                    self._records[(record.node, record.device)] = record
+                    self._set_record(record)
+
+    def _set_record(self, record: Record) -> None:
+        """Inside the lock."""
+        self._records[(record.node, record.device)] = record
+        self._records_on.setdefault(record.node, {})[record.device] = record
+        self._changed(record.node)
+
+    def _drop_record(self, key: tuple[str, str]) -> None:
+        """Inside the lock."""
+        if self._records.pop(key, None) is not None:
+            self._records_on.get(key[0], {}).pop(key[1], None)
+            self._changed(key[0])
 
     def observe_pending(self, pod: Mapping[str, Any]) -> str:
         """A pending pod of ours seen outside the watch (an event's GET, a resync's listing)."""
         uid = str(_meta(pod).get("uid") or "")
-        with self.lock:
+        with self._lock:
             if uid not in self._pending and uid not in self._node_of:
                 self._put_pending(uid, pod, len(json.dumps(pod)))
         return uid
@@ -321,14 +361,14 @@ class Views:
     def remember(self, ref) -> None:
         """A pod an event named that could not be read (the API server is down): kept by name, so
         the queue can read and place it once the API server answers; a listing replaces it."""
-        with self.lock:
+        with self._lock:
             if ref.uid not in self._pending and ref.uid not in self._node_of:
-                self._pending[ref.uid] = ("", None, 0, (ref.namespace, ref.name))
+                self._pending[ref.uid] = PendingPod(ref.namespace, ref.name)
 
     # -- pods ------------------------------------------------------------------------------
     def _replace_pods(self, pages: Iterable[list[dict]]) -> None:
         pods_on: dict[str, dict[str, PodInfo]] = {}
-        pending: dict[str, tuple[str, Mapping[str, Any] | None, int, tuple[str, str]]] = {}
+        pending: dict[str, PendingPod] = {}
         pending_bytes = 0
         for items in pages:
             for pod in items:
@@ -340,11 +380,13 @@ class Views:
                     size = len(json.dumps(pod))
                     kept = _trim(pod) if pending_bytes + size <= MAX_PENDING_BYTES else None
                     pending_bytes += size if kept is not None else 0
-                    pending[uid] = (_placement_fingerprint(pod), kept, size if kept is not None else 0, _name(pod))
-        with self.lock:
+                    pending[uid] = PendingPod(*_name(pod), kept, _placement_fingerprint(pod), size if kept is not None else 0)
+        with self._lock:
             left = {uid: node for uid, node in self._node_of.items()
                     if uid not in pods_on.get(node, {})}
             gone_pending = [uid for uid in self._pending if uid not in pending]
+            for node in set(self._pods_on) | set(pods_on):
+                self._changed(node)
             self._pods_on = pods_on
             self._listed = {node: NodeInfo.of(pods.values()) for node, pods in pods_on.items()}
             self._node_of = {uid: node for node, pods in pods_on.items() for uid in pods}
@@ -364,7 +406,7 @@ class Views:
         uid, node = str(meta.get("uid") or ""), (pod.get("spec") or {}).get("nodeName")
         left_node = None
         queue_it = forget_it = False
-        with self.lock:
+        with self._lock:
             if kind == "DELETED" or (node and is_terminal(pod)):
                 left_node = self._remove_assigned(uid)
                 forget_it = self._drop_pending(uid)
@@ -381,7 +423,7 @@ class Views:
             elif _is_pending_ours(pod):
                 entry = self._pending.get(uid)
                 fingerprint = _placement_fingerprint(pod)
-                queue_it = entry is None or entry[0] != fingerprint
+                queue_it = entry is None or entry.fingerprint != fingerprint
                 self._put_pending(uid, pod, 0, fingerprint)
             else:
                 forget_it = self._drop_pending(uid)
@@ -403,13 +445,13 @@ class Views:
         kept = _trim(pod) if self._pending_bytes + size <= MAX_PENDING_BYTES else None
         if kept is not None:
             self._pending_bytes += size
-        self._pending[uid] = (fingerprint or _placement_fingerprint(pod), kept, size if kept is not None else 0,
-                              _name(pod))
+        self._pending[uid] = PendingPod(*_name(pod), kept, fingerprint or _placement_fingerprint(pod),
+                                        size if kept is not None else 0)
 
     def _drop_pending(self, uid: str) -> bool:
         entry = self._pending.pop(uid, None)
         if entry is not None:
-            self._pending_bytes -= entry[2]
+            self._pending_bytes -= entry.size
         return entry is not None
 
     def _put_assigned(self, node: str, uid: str, info: PodInfo) -> None:
@@ -423,6 +465,7 @@ class Views:
         self._listed[node] = self._listed.get(node, NodeInfo()).plus(info) if before is None \
             else NodeInfo.of(pods.values())
         self._assumed.get(node, {}).pop(uid, None)  # shown: no longer assumed
+        self._changed(node)
 
     def _remove_assigned(self, uid: str) -> str | None:
         node = self._node_of.pop(uid, None)
@@ -432,13 +475,16 @@ class Views:
         pods.pop(uid, None)
         self._listed[node] = NodeInfo.of(pods.values())
         self._assumed.get(node, {}).pop(uid, None)
+        self._changed(node)
         return node
 
     # -- nodes -----------------------------------------------------------------------------
     def _replace_nodes(self, pages: Iterable[list[dict]]) -> None:
         nodes = {str(_meta(n).get("name")): node_view(n) for items in pages for n in items}
-        with self.lock:
+        with self._lock:
             changed = [name for name, node in nodes.items() if self._nodes.get(name) != node]
+            for name in changed + [name for name in self._nodes if name not in nodes]:
+                self._changed(name)
             self._nodes = nodes
         for name in changed:
             self.queue.cluster_event(NODE_ADD, name)
@@ -447,14 +493,16 @@ class Views:
     def _apply_node(self, kind: str, node: Mapping[str, Any]) -> None:
         name = str(_meta(node).get("name"))
         view = node_view(node)
-        with self.lock:
+        with self._lock:
             before = self._nodes.get(name)
             if kind == "DELETED":
                 self._nodes.pop(name, None)
+                self._changed(name)
                 return
             if before == view:
                 return
             self._nodes[name] = view
+            self._changed(name)
         self.queue.cluster_event(NODE_ADD if before is None else NODE_UPDATE, name)
 
     # -- device records ----------------------------------------------------------------------
@@ -465,9 +513,14 @@ class Views:
                 record = Record.of(lease)
                 if record is not None:
                     records[(record.node, record.device)] = record
-        with self.lock:
+        with self._lock:
             freed = [key for key in self._records if key not in records]
+            for node in {key[0] for key in self._records} | {key[0] for key in records}:
+                self._changed(node)
             self._records = records
+            self._records_on = {}
+            for (node, device), record in records.items():
+                self._records_on.setdefault(node, {})[device] = record
         for key in freed:
             _ungauge(key)
             self.queue.cluster_event(RECORD_FREED, key[0])
@@ -479,13 +532,13 @@ class Views:
         if record is None:
             return
         key = (record.node, record.device)
-        with self.lock:
+        with self._lock:
             if kind == "DELETED":
-                self._records.pop(key, None)
+                self._drop_record(key)
             else:
                 known = self._records.get(key)
                 if known is None or not _newer(known.resource_version, record.resource_version):
-                    self._records[key] = record
+                    self._set_record(record)
         if kind == "DELETED":
             _ungauge(key)
             self.queue.cluster_event(RECORD_FREED, record.node)

@@ -1,0 +1,93 @@
+"""The I/O the framework's phases ask for, for one attempt at one pod (kube-scheduler's
+framework.Handle): snapshots from bind's views, the pod assumed and forgotten there, and the API
+calls of the records, the claim and the Binding, each write also shown to the views at once. Every
+API failure is kubeapi.errors.APIError; a read of something absent returns None."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from gpu_scheduler.fit import PodInfo
+from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.plugins.dynamicresources import claim_key
+from gpu_scheduler.records import Record, record_name
+from kubeapi.client import Kube
+from kubeapi.errors import APIError
+from views import Views
+
+
+class AttemptHandle:
+    def __init__(self, api: Kube, views: Views, namespace: str, pod: Mapping[str, Any]):
+        self.api, self.views, self.namespace = api, views, namespace
+        self._claims = (claim_key(pod),)
+
+    def snapshot(self, node: str) -> NodeSnapshot:
+        return self.views.snapshot(node, self._claims)
+
+    def assume(self, pod: Mapping[str, Any], node: NodeSnapshot, devices: tuple[str, ...]) -> bool:
+        return self.views.assume(dataclasses.replace(PodInfo.of(pod), devices=devices), node)
+
+    def forget(self, pod: Mapping[str, Any], node: str) -> None:
+        self.views.forget(node, str((pod.get("metadata") or {}).get("uid") or ""))
+
+    # -- the pod -----------------------------------------------------------------------------
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return self.api.read_pod(namespace, name)
+        except APIError as error:
+            if error.not_found and error.kind in ("pods", ""):
+                return None
+            raise
+
+    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        self.api.bind(namespace, name, dict(body))
+
+    # -- device records ----------------------------------------------------------------------
+    def read_record(self, node: str, device: str) -> Record | None:
+        try:
+            lease = self.api.read_lease(self.namespace, record_name(node, device))
+        except APIError as error:
+            if error.not_found and error.kind == "leases":  # deleted meanwhile: create it again
+                return None
+            raise
+        self.views.wrote(lease)
+        return Record.of(lease)
+
+    def create_record(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        lease = self.api.create_lease(self.namespace, dict(body))
+        self.views.wrote(lease)
+        return lease
+
+    def update_record(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        lease = self.api.update_lease(self.namespace, name, dict(body))
+        self.views.wrote(lease)
+        return lease
+
+    def delete_record(self, name: str, resource_version: str) -> None:
+        self.api.delete_lease(self.namespace, name, resource_version)
+
+    # -- DRA ---------------------------------------------------------------------------------
+    def read_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            claim = self.api.read_resource_claim(namespace, name)
+        except APIError as error:
+            if error.not_found and error.kind == "resourceclaims":
+                return None
+            raise
+        self.views.wrote_claim(claim)
+        return claim
+
+    def create_claim(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        claim = self.api.create_resource_claim(namespace, dict(body))
+        self.views.wrote_claim(claim)
+        return claim
+
+    def update_claim(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        claim = self.api.update_resource_claim(namespace, name, dict(body))
+        self.views.wrote_claim(claim)
+        return claim
+
+    def update_claim_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        claim = self.api.update_resource_claim_status(namespace, name, dict(body))
+        self.views.wrote_claim(claim)
+        return claim

@@ -1,0 +1,17 @@
+"""The settings the plugins read, read once by each shell: bind from its environment, the kubectl
+plugin from its flags (which default to the same variables)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .. import dra
+
+DEFAULT_NAMESPACE = "gpu-scheduler"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    namespace: str = DEFAULT_NAMESPACE  # where bind keeps its device records
+    dra_device_class: str = dra.DEFAULT_DEVICE_CLASS  # of DRA pods that name none
+    dra_rules: Mapping[str, dra.Rule] = field(default_factory=lambda: dra.parse_rules(None))

@@ -1,0 +1,44 @@
+"""DefaultBinder (Bind): the Binding, with the pod's UID and version as preconditions and the
+devices given written onto the pod (binding.binding_for). A 409 is judged by the pod as it is
+now: bound meanwhile (to this node: done; elsewhere), gone, re-created, or changed since the
+version decided from (then the shell places it again from the pod as it is)."""
+from __future__ import annotations
+
+from kubeapi.errors import APIError
+
+from ..binding import ALREADY_BOUND, GONE, RETRY, Bind, binding_for, conflict_outcome
+from ..framework.interface import SUCCESS, BindPlugin, Code, CycleState, Status, api_failure
+from ..placement import metadata
+from .mapentry import resolved
+
+NAME = "DefaultBinder"
+CHANGED = "the pod changed since the version it was placed from"
+
+
+def bind_of(pod, state: CycleState) -> Bind:
+    meta, placement = metadata(pod), resolved(state).placement
+    return Bind(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")), placement.node,
+                placement.devices, resource_version=str(meta.get("resourceVersion") or ""))
+
+
+class DefaultBinder(BindPlugin):
+    name = NAME
+
+    def bind(self, state: CycleState, pod, node, cluster) -> Status:
+        bind = bind_of(pod, state)
+        try:
+            cluster.bind(bind.namespace, bind.name, binding_for(bind))
+            return SUCCESS
+        except APIError as failure:
+            if failure.not_found and failure.kind in ("pods", ""):
+                return Status(Code.ERROR, NAME, "", GONE)
+            if not failure.conflict:
+                return api_failure(NAME, "", failure)
+        try:
+            current = cluster.read_pod(bind.namespace, bind.name)
+        except APIError as failure:
+            return api_failure(NAME, "reading the pod after a conflict", failure)
+        outcome = conflict_outcome(bind, current)
+        if outcome == ALREADY_BOUND:
+            return Status(Code.SUCCESS, NAME, "", ALREADY_BOUND)
+        return Status(Code.ERROR, NAME, CHANGED if outcome == RETRY else "", outcome)

@@ -1,0 +1,118 @@
+"""DynamicResources (DRA mode): the pod's ResourceClaim can hold exactly its map entry's devices,
+as its node's ResourceSlices publish them, none of them allocated in another claim; PreBind then
+makes it so, as kube-scheduler's dynamicresources plugin does: the claim created (owned by the
+pod), kube-scheduler's finalizer added, then allocation and reservation in one status update, each
+write at the version read and, after a 409, decided again from the claim as it is then.
+
+The matching of map devices to published devices, and the claim's bodies, are gpu_scheduler/dra.py
+(the allocator, as k8s.io/dynamic-resource-allocation/structured is kube-scheduler's). Reserve
+takes nothing here: the device records (GPUsHeld) are the lock, written before the claim."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kubeapi.errors import APIError
+
+from .. import dra
+from ..devices import DRA, MODE_ANNOTATION
+from ..framework.config import SchedulerConfig
+from ..framework.events import CLAIM_DELETE, CLAIM_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE
+from ..framework.interface import (
+    SUCCESS, CycleState, FilterPlugin, PreBindPlugin, PreFilterPlugin, Status, api_failure, error, unresolvable,
+    unschedulable,
+)
+from ..framework.snapshot import DraSupport
+from ..placement import metadata
+from .mapentry import resolved
+
+NAME = "DynamicResources"
+WANTED = "DynamicResources/wanted"  # CycleState: the dra.Wanted filter decided, None for a pod not in DRA mode
+CLAIM_TRIES = 5  # writes of one pod's claim in one attempt (a create, the finalizer, the status; 409s)
+
+
+def _annotated_dra(pod: Mapping[str, Any]) -> bool:
+    annotations = metadata(pod).get("annotations") or {}
+    return isinstance(annotations, Mapping) and annotations.get(MODE_ANNOTATION) == DRA
+
+
+def claim_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of the claim bind makes for the pod."""
+    meta = metadata(pod)
+    return str(meta.get("namespace") or ""), dra.claim_name(str(meta.get("name") or ""))
+
+
+class DynamicResources(PreFilterPlugin, FilterPlugin, PreBindPlugin):
+    name = NAME
+    events = frozenset({SLICE_ADD, SLICE_UPDATE, SLICE_DELETE, CLAIM_UPDATE, CLAIM_DELETE})
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+
+    def pre_filter(self, state: CycleState, pod) -> Status:
+        """What the pod alone says: whether it is in DRA mode, and names the claim bind makes."""
+        state.write(WANTED, None)
+        if not dra.uses_dra(pod):
+            if _annotated_dra(pod):
+                return unresolvable(NAME, f"the pod asks for device env mode dra but has no spec.resourceClaims entry"
+                                          f" {dra.POD_CLAIM!r}: it was admitted without gpu-scheduler's webhook;"
+                                          " create it again")
+            return SUCCESS
+        name = claim_key(pod)[1]
+        if dra.claim_refs(pod) != [name]:
+            return unresolvable(NAME, f"spec.resourceClaims entry {dra.POD_CLAIM!r} must name ResourceClaim {name!r},"
+                                      " the claim bind makes for the pod")
+        return SUCCESS
+
+    def filter(self, state: CycleState, pod, node) -> Status:
+        if not dra.uses_dra(pod):
+            return SUCCESS
+        if node.dra is DraSupport.OFF:
+            return unschedulable(NAME, "the pod is in DRA mode (spec.resourceClaims gpu-scheduler) but bind runs with"
+                                       " GPU_SCHEDULER_DRA=false")
+        if node.dra is DraSupport.NOT_SERVED:
+            return unschedulable(NAME, "the pod is in DRA mode (spec.resourceClaims gpu-scheduler) but the API server"
+                                       " does not serve resource.k8s.io/v1 ResourceSlices and ResourceClaims"
+                                       " (Kubernetes 1.34+)")
+        entry = resolved(state)
+        namespace, name = claim_key(pod)
+        wanted = dra.wanted_devices(namespace, str(metadata(pod).get("name")), entry.index, entry.placement,
+                                    dra.device_class(pod, self.config.dra_device_class), self.config.dra_rules,
+                                    node.slices, node.held)
+        if isinstance(wanted, str):
+            return unschedulable(NAME, wanted)
+        step = dra.claim_step(node.claims.get((namespace, name)), pod, wanted)
+        if isinstance(step, dra.Blocked):  # the claim as seen already says no: no record written
+            return unschedulable(NAME, step.message)
+        state.write(WANTED, wanted)
+        return SUCCESS
+
+    def pre_bind(self, state: CycleState, pod, node, cluster) -> Status:
+        """Make the pod's ResourceClaim hold what filter decided, allocated and reserved for it."""
+        wanted: dra.Wanted | None = state.read(WANTED)
+        if wanted is None:
+            return SUCCESS
+        namespace, name = wanted.namespace, wanted.claim
+        what = f"ResourceClaim {namespace}/{name}"
+        claim = node.claims.get((namespace, name))
+        for _ in range(CLAIM_TRIES):
+            step = dra.claim_step(claim, pod, wanted)
+            if isinstance(step, dra.Ready):
+                return SUCCESS
+            if isinstance(step, dra.Blocked):
+                return unschedulable(NAME, step.message)
+            try:
+                if isinstance(step, dra.Create):
+                    claim = cluster.create_claim(namespace, dra.claim_for(pod, wanted))
+                elif isinstance(step, dra.Update):
+                    claim = cluster.update_claim(namespace, name, step.body)
+                else:
+                    claim = cluster.update_claim_status(namespace, name, step.body)
+                continue
+            except APIError as failure:
+                if not failure.conflict:
+                    return api_failure(NAME, f"writing {what}", failure)
+            try:  # another writer was first: the claim as it is now
+                claim = cluster.read_claim(namespace, name)
+            except APIError as failure:
+                return api_failure(NAME, f"reading {what}", failure)
+        return error(NAME, f"{what} changed {CLAIM_TRIES} times while writing it")
