@@ -6,7 +6,7 @@ on, so bind also hears of the pods it cannot place and can say why. The patch re
 lists and single labels, so applying it twice, or re-running the webhook on its own output
 (reinvocationPolicy IfNeeded), changes nothing more.
 
-In DRA mode (devices.py, dra.py) the pod also gets `spec.resourceClaims` entry `gpu-scheduler`
+In DRA mode (devices.py, plugins/dra.py) the pod also gets `spec.resourceClaims` entry `gpu-scheduler`
 naming the claim bind creates for it (`<pod name>-gpus`), and each container it sets the
 environment of claims it in `resources.claims`: the kubelet then gives the containers exactly the
 claim's devices.
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
 from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
-from .dra import POD_CLAIM, claim_name
+from .plugins.dra import POD_CLAIM, claim_name
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 

@@ -9,7 +9,7 @@ Opt-in `nvidia` mode, for runtimes that honour NVIDIA_VISIBLE_DEVICES from the p
 container toolkit with accept-nvidia-visible-devices-envvar-when-unprivileged): the runtime
 exposes only the listed devices, and inside the container they are 0..k-1.
 
-Opt-in `dra` mode (gpu_scheduler/dra.py): the pod's ResourceClaim holds exactly its devices, and
+Opt-in `dra` mode (gpu_scheduler/plugins/dra.py): the pod's ResourceClaim holds exactly its devices, and
 the DRA driver exposes those only, renumbered from 0 as NVIDIA's runtime does: 0..k-1 as in
 `nvidia` mode, and no NVIDIA_VISIBLE_DEVICES (the driver's CDI spec sets what it needs).
 """

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
-from gpu_scheduler import dra
-from gpu_scheduler.dra import uses_dra
+from gpu_scheduler.plugins import dra
+from gpu_scheduler.plugins.dra import uses_dra
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.framework.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.framework.profile import default_profile

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from gpu_scheduler import dra
+from gpu_scheduler.plugins import dra
 from gpu_scheduler.fit import NodeInfo
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources import claim_key

@@ -2,7 +2,7 @@
 kube-scheduler's informers keep its cache: every pod (our pending pods, to place; every node's
 non-terminal pods, for fit and GPU accounting), every node (labels, taints, conditions,
 allocatable), bind's device records (gpu_scheduler/records.py) and, for DRA mode
-(gpu_scheduler/dra.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
+(gpu_scheduler/plugins/dra.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
 Each change that can undo a
 refusal is passed to the scheduling queue as a cluster event; each pending pod of ours found new or
 changed is queued. The I/O side of bind; the decisions stay in gpu_scheduler/."""
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
-from gpu_scheduler.dra import Device, allocated, drivers_on, node_devices
+from gpu_scheduler.plugins.dra import Device, allocated, drivers_on, node_devices
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,

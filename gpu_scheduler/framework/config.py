@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .. import dra
+from ..plugins import dra
 
 DEFAULT_NAMESPACE = "gpu-scheduler"
 

@@ -4,7 +4,7 @@ makes it so, as kube-scheduler's dynamicresources plugin does: the claim created
 pod), kube-scheduler's finalizer added, then allocation and reservation in one status update, each
 write at the version read and, after a 409, decided again from the claim as it is then.
 
-The matching of map devices to published devices, and the claim's bodies, are gpu_scheduler/dra.py
+The matching of map devices to published devices, and the claim's bodies, are gpu_scheduler/plugins/dra.py
 (the allocator, as k8s.io/dynamic-resource-allocation/structured is kube-scheduler's). Reserve
 takes nothing here: the device records (GPUsHeld) are the lock, written before the claim."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from kubeapi.errors import APIError
 
-from .. import dra
+from . import dra
 from ..devices import DRA, MODE_ANNOTATION
 from ..framework.config import SchedulerConfig
 from ..framework.events import CLAIM_DELETE, CLAIM_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE
