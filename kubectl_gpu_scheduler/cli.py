@@ -234,6 +234,17 @@ def dra_claim(cluster, args, pod: dict[str, Any], index: int | None, placement) 
     return answer
 
 
+def admitted(row: core.Row) -> dict[str, Any]:
+    """The row's pod as bind will see it: named, and in DRA mode with the claim entry mutate adds."""
+    pod = {**row.pod_object, "metadata": {**(row.pod_object.get("metadata") or {}), "name": row.pod}}
+    if row.mode == DRA and not uses_dra(pod):
+        pod_spec = dict(pod.get("spec") or {})
+        entry = {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(row.pod)}
+        pod_spec["resourceClaims"] = [*(pod_spec.get("resourceClaims") or []), entry]
+        pod["spec"] = pod_spec
+    return pod
+
+
 def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     if row.mode != DRA or not row.node or not row.placeable:
         return None
@@ -250,8 +261,7 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
         rows = []
         for row in plan.rows:
             claim = _dra_row(cluster, args, row)
-            pod = {**row.pod_object, "metadata": {**(row.pod_object.get("metadata") or {}), "name": row.pod}}
-            answer = output.row_dict(row, scheduling(cluster, args, pod)) if cluster else output.row_dict(row)
+            answer = output.row_dict(row, scheduling(cluster, args, admitted(row))) if cluster else output.row_dict(row)
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)

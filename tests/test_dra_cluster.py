@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import config
 from kubernetes.client import Configuration
-from kubernetes.client.exceptions import ApiException
+from kubeapi.errors import APIError
 
 from gpu_scheduler.plugins.dra import FINALIZER
 from kubeapi.client import Kube
@@ -86,7 +86,7 @@ def test_a_device_another_claim_holds_keeps_the_pod_pending_naming_that_claim(st
 
     message = stack.wait_for(refused, what="the pod refused")
     assert f"is allocated in ResourceClaim {namespace}/theirs" in message
-    with pytest.raises(ApiException) as missing:  # refused before anything was written for it
+    with pytest.raises(APIError) as missing:  # refused before anything was written for it
         admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/p-2-gpus")
     assert missing.value.status == 404
 
@@ -100,7 +100,7 @@ def nvidia_class(admin):
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NVIDIA}"'}}]}}
     try:
         admin._call("POST", f"{RESOURCE}/deviceclasses", body)
-    except ApiException as error:
+    except APIError as error:
         if error.status != 409:
             raise
     yield NVIDIA
@@ -128,7 +128,7 @@ def kube_scheduler_pod(namespace: str, name: str, claim: str) -> dict:
 def allocated_devices(admin, namespace: str, claim: str) -> list[str]:
     try:
         body = admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claim}")
-    except ApiException as error:
+    except APIError as error:
         if error.status == 404:  # not created yet
             return []
         raise

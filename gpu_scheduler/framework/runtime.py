@@ -16,7 +16,7 @@ from .interface import RETRY, SUCCESS, Cluster, Code, CycleState, Status, error
 from .profile import Profile
 from .snapshot import NodeSnapshot
 
-STALE_TRIES = 5  # decisions of one attempt whose node changed before the pod was assumed on it
+STALE_TRIES = 20  # decisions of one attempt whose node changed before the pod was assumed on it
 PRE_FILTER, FILTER, POST_FILTER, RESERVE, PERMIT, PRE_BIND, BIND = (
     "PreFilter", "Filter", "PostFilter", "Reserve", "Permit", "PreBind", "Bind")
 
@@ -91,37 +91,39 @@ class Framework:
         return Outcome(decision.status, decision.node.name, decision.phase)
 
     def _bind_cycle(self, pod, state: CycleState, node: NodeSnapshot, cluster: Cluster) -> Outcome:
-        reserved = []
-        status, phase = SUCCESS, RESERVE
-        for plugin in self.profile.reserve:
+        reserved: list = []
+
+        def reserve(plugin) -> Status:
             reserved.append(plugin)
-            status = plugin.reserve(state, pod, node, cluster)
-            if not status.ok:
+            return plugin.reserve(state, pod, node, cluster)
+
+        def permit(plugin) -> Status:
+            status = plugin.permit(state, pod, node)
+            # no plugin of this profile waits yet: a Permit that asks to is refused, not ignored
+            return error(plugin.name, "Permit asked to wait; this profile cannot hold a pod") \
+                if status.code is Code.WAIT else status
+
+        status, phase = SUCCESS, RESERVE
+        for phase, plugins, run in ((RESERVE, self.profile.reserve, reserve),
+                                    (PERMIT, self.profile.permit, permit),
+                                    (PRE_BIND, self.profile.pre_bind, lambda p: p.pre_bind(state, pod, node, cluster)),
+                                    (BIND, self.profile.bind, lambda p: p.bind(state, pod, node, cluster))):
+            status = _first_not_ok(plugins, run, stop_at_success=phase == BIND)
+            if not status.ok or phase == BIND:
                 break
-        if status.ok:
-            phase = PERMIT
-            for plugin in self.profile.permit:
-                status = plugin.permit(state, pod, node)
-                if status.code is Code.WAIT:  # no plugin of this profile waits yet
-                    status = error(plugin.name, "Permit asked to wait; this profile cannot hold a pod")
-                if not status.ok:
-                    break
-        if status.ok:
-            phase = PRE_BIND
-            for plugin in self.profile.pre_bind:
-                status = plugin.pre_bind(state, pod, node, cluster)
-                if not status.ok:
-                    break
-        if status.ok:
-            phase = BIND
-            for plugin in self.profile.bind:
-                status = plugin.bind(state, pod, node, cluster)
-                if status.code is not Code.SKIP:
-                    break
-        bound_here = status.code is Code.SUCCESS and not status.reason
-        if not bound_here:
+        if not (status.code is Code.SUCCESS and not status.reason):  # anything but bound by this attempt
             if status.code is not Code.SUCCESS:  # AlreadyBound keeps its records: the pod holds them
                 for plugin in reversed(reserved):
                     plugin.unreserve(state, pod, node, cluster)
             cluster.forget(pod, node.name)
         return Outcome(status, node.name, phase)
+
+
+def _first_not_ok(plugins, run: Callable[[Any], Status], stop_at_success: bool = False) -> Status:
+    """Each plugin in turn until one does not succeed; at Bind, until one does not skip (the first
+    binder that binds is the only one, as in kube-scheduler)."""
+    for plugin in plugins:
+        status = run(plugin)
+        if not status.ok or (stop_at_success and status.code is not Code.SKIP):
+            return status
+    return SUCCESS
