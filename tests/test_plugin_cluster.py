@@ -25,10 +25,12 @@ def run(*argv: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def reader(stack, tmp_path_factory):
     """A kubeconfig for a ServiceAccount granted exactly permissions.PLUGIN, with two contexts:
-    `local` (no namespace) and `reader-ns` (namespace plugin-home)."""
+    `local` (no namespace) and `reader-ns` (namespace plugin-home). Other modules import it (one
+    per module, the same account and role)."""
     rules = [{"apiGroups": [group], "resources": [resource], "verbs": [verb]}
              for group, resource, verb in sorted(permissions.PLUGIN)]
-    stack.create_namespace("plugin-home")
+    if not stack.api.list_namespace(field_selector="metadata.name=plugin-home").items:  # another module's reader made it
+        stack.create_namespace("plugin-home")
     for manifest in (
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader", "namespace": "plugin-home"}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gpu-plan-reader"},

@@ -35,21 +35,26 @@ def _ready() -> list[dict]:
 
 
 class Nodes:
-    """`count` Ready nodes of the test's own, with heartbeats, removed afterwards."""
+    """`count` Ready nodes of the test's own, with heartbeats, removed afterwards. `spec`: the
+    nodes' own (their taints, say), there from their creation on."""
 
-    def __init__(self, stack, prefix: str, count: int, labels: dict | None = None, capacity: dict = CAPACITY):
+    def __init__(self, stack, prefix: str, count: int, labels: dict | None = None, capacity: dict = CAPACITY,
+                 spec: dict | None = None):
         self.stack, self.names = stack, [f"{prefix}-{i}" for i in range(count)]
         for name in self.names:
             stack.cp.request("POST", "/api/v1/nodes", {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+                "spec": spec or {},
                 "status": {"capacity": capacity, "allocatable": capacity, "conditions": _ready()}})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
         self._thread.start()
+        own = [t["key"] for t in (spec or {}).get("taints", [])]
         for name in self.names:  # a new node is tainted not-ready until the lifecycle controller sees it Ready
-            stack.wait_for(lambda n=name: not json.loads(stack.cp.get(f"/api/v1/nodes/{n}"))["spec"].get("taints"),
-                           60, f"node {name} untainted", interval=0.5)
+            stack.wait_for(lambda n=name: [t["key"] for t in json.loads(stack.cp.get(f"/api/v1/nodes/{n}"))["spec"]
+                                           .get("taints", [])] == own, 60, f"node {name} with only its own taints",
+                           interval=0.5)
 
     def _beat(self):
         while not self._stop.wait(5):

@@ -1,0 +1,454 @@
+"""README "My replica is Pending", row by row, on the real 1.34 control plane: each row's situation
+is put in place and a pod of ours meets it; bind refuses the pod with a FailedScheduling Event
+that names the refusing plugin (annotation gpu-scheduler/plugin); then `kubectl gpu-scheduler
+explain` on the pod and `plan --cluster` on a manifest that creates it, run as a user granted
+exactly permissions.PLUGIN, must give the same plugin and message, and say it is not placeable.
+
+One row of the table is left out: `binding to <node>: <API message>` (APIError, Retry) is an
+Event only. It is the API failing bind's own writes, which neither explain nor plan make: they
+have nothing to agree on.
+
+Each row's situation is in place before its pod is created, so that bind's first answer is the
+row's, except "the pod's claim allocated elsewhere": the claim must be owned by the pod, whose UID
+is known only once it exists (bind first says the claim belongs to no pod, then, once the owner is
+set, the row's message). The test waits for the Event with the row's message either way.
+
+Messages are compared with their age in seconds (`N s ago`, the fresh record's row) blanked out:
+the Event was written seconds before explain and plan look. That row's record frees its GPU
+GRACE_SECONDS after it was written, so the row must finish within that.
+
+Each situation has a node of its own (a Node object: Ready with heartbeats, or made not Ready or
+cordoned by the row), removed afterwards with the records and claims the test wrote.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+
+from gpu_scheduler.fit import DEVICES_ANNOTATION, SHARE_ANNOTATION, workload
+from gpu_scheduler.records import GRACE_SECONDS, MAX_HOLDERS, lease_for, workload_key
+from test_dra_cluster import NVIDIA, RESOURCE, admin, dra_pod  # noqa: F401 (admin: a fixture)
+from test_end_to_end import pod_manifest, statefulset
+from test_fit_cluster import ALLOCATABLE, filler, resources
+from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
+from test_records_cluster import RECORDS, Nodes
+
+BIND_NAMESPACE = "gpu-scheduler"  # where the stack's bind keeps its records (functions/bind/placer.py)
+PLUGIN_ANNOTATION = "gpu-scheduler/plugin"
+
+# The plugin bind's Event names for each row of the README's table (test id -> plugin).
+PLUGINS = {
+    "NoMapEntry": "MapEntry",
+    "MalformedMap": "MapEntry",
+    "UnknownIndex": "MapEntry",
+    "NoAnnotation": "MapEntry",
+    "NodeExists": "NodeExists",
+    "NodeUnschedulable": "NodeUnschedulable",
+    "NodeReady": "NodeReady",
+    "TaintToleration": "TaintToleration",
+    "NodeGPUCapacity": "NodeGPUCapacity",
+    "NodeAffinity": "NodeAffinity",
+    "NodePorts": "NodePorts",
+    "NodeResourcesFit-cpu": "NodeResourcesFit",
+    "NodeResourcesFit-pods": "NodeResourcesFit",
+    "GPUsHeld-running-pod": "GPUsHeld",
+    "GPUsHeld-fresh-record": "GPUsHeld",
+    "GPUsHeld-sharing-limit": "GPUsHeld",
+    "DynamicResources-allocated-in-another-claim": "DynamicResources",
+    "DynamicResources-no-matching-device": "DynamicResources",
+    "DynamicResources-claim-allocated-elsewhere": "DynamicResources",
+}
+
+
+def same(message):
+    """A message with what time changes blanked out: the age of a record."""
+    return re.sub(r"\b\d+ s ago\b", "N s ago", message) if isinstance(message, str) else message
+
+
+# -- the situations ------------------------------------------------------------------------------
+@dataclass
+class Pending:
+    """The pod a situation created, the manifest that creates it (for plan), and bind's message."""
+
+    namespace: str
+    name: str
+    manifest: dict
+    message: str | re.Pattern
+
+
+@dataclass
+class Situation:
+    stack: object
+    namespace: str
+    admin: object  # test_dra_cluster's admin client (kubeapi.client.Kube)
+    cleanups: list = field(default_factory=list)
+    recorded: float | None = None  # when the test wrote a device record (time.monotonic())
+
+    @property
+    def uniq(self) -> str:
+        return self.namespace[:40].rstrip("-")
+
+    def node(self, spec: dict | None = None, **allocatable: str) -> str:
+        """A Ready node of the test's own (labels zone=a, gen=3; 4 cpu, 8 pods, 4 GPUs unless told)."""
+        nodes = Nodes(self.stack, f"pr-{self.uniq}"[:50].rstrip("-"), 1, {"zone": "a", "gen": "3"},
+                      {**ALLOCATABLE, **allocatable}, spec)
+        self.cleanups.append(nodes.remove)
+        self.cleanups.append(lambda: self.delete_records(nodes.names[0]))
+        return nodes.names[0]
+
+    def bare_node(self, name: str, **options) -> str:
+        """A node outside any heartbeat (cordoned, not Ready), as localcp adds one."""
+        self.stack.cp.add_node(name, **options)
+        self.cleanups.append(lambda: self.stack.cp.kubectl("delete", "node", name, "--ignore-not-found", check=False))
+        return name
+
+    def apply(self, manifest: dict) -> dict:
+        self.stack.apply(manifest)
+        return manifest
+
+    def live(self, name: str, namespace: str | None = None) -> dict | None:
+        try:
+            return json.loads(self.stack.cp.get(f"/api/v1/namespaces/{namespace or self.namespace}/pods/{name}"))
+        except urllib.error.HTTPError as error:
+            if error.code == 404:  # not created yet (a StatefulSet's pod)
+                return None
+            raise
+
+    def record(self, node: str, device: str, holders: list[str], shares: bool, pod: dict) -> None:
+        """bind's device record, written as bind writes it, and seen by the stack's bind."""
+        meta = pod["metadata"]
+        body = lease_for(node, device, holders, shares, f"{meta['namespace']}/{meta['name']}", meta["uid"], time.time())
+        self.stack.cp.request("POST", RECORDS, body)
+        self.recorded = time.monotonic()
+        self.stack.wait_for(lambda: bind_sees_record(self.stack, node, device), 20, f"bind seeing the record of GPU {device}")
+
+    def delete_records(self, node: str) -> None:
+        leases = json.loads(self.stack.cp.get(RECORDS))["items"]
+        for lease in leases:
+            if (lease["metadata"].get("annotations") or {}).get("gpu-scheduler/node") == node:
+                try:
+                    self.stack.cp.request("DELETE", f"{RECORDS}/{lease['metadata']['name']}")
+                except urllib.error.HTTPError as error:
+                    if error.code != 404:  # bind may have swept it
+                        raise
+
+    def slice_on(self, node: str) -> None:
+        """The node publishes gpu-0..gpu-3 as NVIDIA's DRA driver names them (pool: the node)."""
+        name = f"{node}-gpus"
+        self.admin._call("POST", f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": NVIDIA, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}} for i in range(4)]}})
+        self.cleanups.append(lambda: self.admin._call("DELETE", f"{RESOURCE}/resourceslices/{name}"))
+
+    def allocated_claim(self, name: str, node: str, device: str) -> None:
+        """A ResourceClaim in the test's namespace, allocated the node's `device` (by anyone)."""
+        path = f"{RESOURCE}/namespaces/{self.namespace}/resourceclaims"
+        claim = self.admin._call("POST", path, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"devices": {"requests": [{"name": "one", "exactly": {"deviceClassName": NVIDIA}}]}}})
+        self.cleanups.append(lambda: self.stack.cp.kubectl("delete", "resourceclaim", "-n", self.namespace, name,
+                                                           "--ignore-not-found", "--wait=false", check=False))
+        claim["status"] = {"allocation": {"devices": {"results": [
+            {"request": "one", "driver": NVIDIA, "pool": node, "device": device}]}}}
+        self.admin._call("PUT", f"{path}/{name}/status", claim)
+
+
+def bind_sees_record(stack, node: str, device: str) -> bool:
+    """The stack's bind has the record in its view (its gauge gpu_scheduler_gpus_held)."""
+    text = urllib.request.urlopen(f"{stack.bind_url}/metrics", timeout=5).read().decode()
+    return any(line.startswith("gpu_scheduler_gpus_held{") and f'node="{node}"' in line
+               and f'device="{device}"' in line for line in text.splitlines())
+
+
+def no_map_entry(s: Situation) -> Pending:
+    pod = s.apply(pod_manifest(s.namespace, "w-5", f"0=nowhere-{s.uniq}:0\n1=nowhere-{s.uniq}:1\n"))
+    return Pending(s.namespace, "w-5", pod, "pod index 5 has no entry in the gpu-scheduling-map annotation (entries: 0, 1)")
+
+
+def malformed_map(s: Situation) -> Pending:
+    # mutate refuses the map at creation: created where the webhook does not look (bind's own
+    # namespace is excluded from it, as knative/webhook.yaml ships it).
+    name = f"bad-{s.uniq}-1"
+    pod = pod_manifest(BIND_NAMESPACE, name, "0=node1:0\n1=node2:2,2\n")
+    s.cleanups.append(lambda: s.stack.cp.kubectl("delete", "pod", "-n", BIND_NAMESPACE, name, "--grace-period=0",
+                                                 "--force", "--ignore-not-found", check=False))
+    s.apply(pod)
+    return Pending(BIND_NAMESPACE, name, pod,
+                   "invalid gpu-scheduling-map annotation: line 2 '1=node2:2,2': device 2 is listed more than once")
+
+
+def unknown_index(s: Situation) -> Pending:
+    pod = s.apply(pod_manifest(s.namespace, "loose", f"0=nowhere-{s.uniq}:0\n"))
+    return Pending(s.namespace, "loose", pod, "pod name 'loose' does not end in -<index> and the pod has no"
+                   " apps.kubernetes.io/pod-index label or batch.kubernetes.io/job-completion-index annotation")
+
+
+def no_annotation(s: Situation) -> Pending:
+    pod = s.apply(pod_manifest(s.namespace, "bare-0", None))
+    return Pending(s.namespace, "bare-0", pod, "pod has schedulerName 'gpu-scheduler' but no map annotation")
+
+
+def node_exists(s: Situation) -> Pending:
+    node = f"gone-{s.uniq}"
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"))
+    return Pending(s.namespace, "w-0", pod, f"node {node} does not exist")
+
+
+def node_unschedulable(s: Situation) -> Pending:
+    node = s.bare_node(f"cordoned-{s.uniq}", spec={"unschedulable": True})
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"))
+    return Pending(s.namespace, "w-0", pod, f"node {node} is cordoned (spec.unschedulable)")
+
+
+def node_ready(s: Situation) -> Pending:
+    node = s.bare_node(f"notready-{s.uniq}", ready=False)
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"))
+    return Pending(s.namespace, "w-0", pod, f"node {node} is not Ready: gpu-scheduler local control plane heartbeat")
+
+
+def taint_toleration(s: Situation) -> Pending:
+    node = s.node(spec={"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]})
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"))
+    return Pending(s.namespace, "w-0", pod, f"node {node} has taint {{gpu=true: NoSchedule}} that the pod does not tolerate")
+
+
+def node_gpu_capacity(s: Situation) -> Pending:
+    node = s.node()
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:1,5\n"))
+    return Pending(s.namespace, "w-0", pod, f"device 5 is beyond node {node}'s 4 nvidia.com/gpu (indexes 0..3)")
+
+
+def node_affinity(s: Situation) -> Pending:
+    node = s.node()
+    pod = pod_manifest(s.namespace, "w-0", f"0={node}:0\n")
+    pod["spec"]["nodeSelector"] = {"zone": "b"}
+    s.apply(pod)
+    return Pending(s.namespace, "w-0", pod,
+                   f"node(s) didn't match Pod's node affinity/selector: nodeSelector {{zone=b}} excludes node {node}")
+
+
+def node_ports(s: Situation) -> Pending:
+    node = s.node()
+    holder = filler(s.namespace, node, "holder")
+    holder["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 8080}]
+    s.apply(holder)
+    pod = pod_manifest(s.namespace, "w-0", f"0={node}:0\n")
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": 8000, "hostPort": 8080}]
+    s.apply(pod)
+    return Pending(s.namespace, "w-0", pod, f"node(s) didn't have free ports for the requested pod ports:"
+                   f" hostPort 8080/TCP is held by {s.namespace}/holder")
+
+
+def insufficient_cpu(s: Situation) -> Pending:
+    node = s.node()
+    s.apply(filler(s.namespace, node, cpu="3500m"))
+    pod = s.apply(resources(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"), {"cpu": "2"}))
+    return Pending(s.namespace, "w-0", pod, f"node {node}: Insufficient cpu (the pod requests 2;"
+                   " 3500m of 4 allocatable is requested by other pods)")
+
+
+def too_many_pods(s: Situation) -> Pending:
+    node = s.node(pods="1")
+    s.apply(filler(s.namespace, node))
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:0\n"))
+    return Pending(s.namespace, "w-0", pod, f"node {node}: Too many pods (1 of 1 on the node)")
+
+
+def held_by_a_running_pod(s: Situation) -> Pending:
+    node = s.node()
+    s.apply(statefulset(s.namespace, f"0={node}:3\n", replicas=1, name="team-a"))
+    [holder] = s.stack.wait_bound(s.namespace, 1, "app=team-a")
+    s.stack.cp.request("PATCH", f"/api/v1/namespaces/{s.namespace}/pods/team-a-0/status",
+                       {"status": {"phase": "Running"}}, "application/strategic-merge-patch+json")
+    assert holder["metadata"]["annotations"][DEVICES_ANNOTATION] == "3"
+    team_b = s.apply(statefulset(s.namespace, f"0={node}:2,3\n", replicas=1, name="team-b"))
+    return Pending(s.namespace, "team-b-0", team_b,
+                   re.compile(re.escape(f"GPU 3 on {node} is held by {s.namespace}/team-a-0 (") + ".*"))
+
+
+def held_by_a_fresh_record(s: Situation) -> Pending:
+    """The record another bind instance wrote for its pod just before binding it (or dying). That
+    pod is one of ours and pending: bind counts a record of a pod it does not see pending or on a
+    node as gone, and free. Its selector keeps bind from binding it here (the instance that wrote
+    the record saw the node otherwise, say)."""
+    node = s.node()
+    other = pod_manifest(s.namespace, "other-0", f"0={node}:1\n")
+    other["spec"]["nodeSelector"] = {"zone": "b"}
+    s.apply(other)
+    binds_event(s, Pending(s.namespace, "other-0", other, re.compile(r"node\(s\) didn't match .*")))
+    s.record(node, "1", [workload_key(workload(other))], False, s.live("other-0"))
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0={node}:1,2\n"))
+    return Pending(s.namespace, "w-0", pod, re.compile(
+        re.escape(f"GPU 1 on {node} was given to {s.namespace}/other-0 ({workload_key(workload(other))}) ")
+        + r"\d+" + re.escape(f" s ago; it is free again {GRACE_SECONDS} s after that unless that pod is bound")))
+
+
+def held_at_the_sharing_limit(s: Situation) -> Pending:
+    """MAX_HOLDERS workloads share GPU 1: one has a pod on the node (it keeps the record held),
+    the others are only lines of the record."""
+    node = s.node()
+    sharer = filler(s.namespace, node, "sharer-0")
+    sharer["metadata"]["annotations"] = {"gpu-scheduling-map": f"0={node}:1\n# the sharer\n", SHARE_ANNOTATION: "true",
+                                         DEVICES_ANNOTATION: "1"}
+    s.apply(sharer)
+    holders = [workload_key(workload(sharer))] + [f"StatefulSet elsewhere/sharer-{i}" for i in range(MAX_HOLDERS - 1)]
+    s.record(node, "1", holders, True, s.live("sharer-0"))
+    pod = pod_manifest(s.namespace, "w-0", f"0={node}:1\n")
+    pod["metadata"]["annotations"][SHARE_ANNOTATION] = "true"
+    s.apply(pod)
+    return Pending(s.namespace, "w-0", pod,
+                   f"GPU 1 on {node} is shared by {MAX_HOLDERS} workloads already (at most {MAX_HOLDERS})")
+
+
+def dra_allocated_in_another_claim(s: Situation) -> Pending:
+    node = s.node()
+    s.slice_on(node)
+    s.allocated_claim("theirs", node, "gpu-3")
+    pod = s.apply(dra_pod(s.namespace, "d-0", f"0={node}:3\n"))
+    return Pending(s.namespace, "d-0", pod, f"map entry 0={node}:3: device 3 ({NVIDIA}/{node}/gpu-3) is allocated in"
+                   f" ResourceClaim {s.namespace}/theirs")
+
+
+def dra_no_matching_device(s: Situation) -> Pending:
+    node = s.node()  # no ResourceSlice: the driver does not run there
+    pod = s.apply(dra_pod(s.namespace, "d-1", f"1={node}:1\n"))
+    return Pending(s.namespace, "d-1", pod, f"map entry 1={node}:1: device 1 matches no device of driver {NVIDIA} on"
+                   f" node {node} (looked for a device named 'gpu-1' among 0 devices)")
+
+
+def dra_claim_allocated_elsewhere(s: Situation) -> Pending:
+    """The pod's own claim (<pod>-gpus, owned by the pod) allocated by someone else, to gpu-0."""
+    node = s.node()
+    s.slice_on(node)
+    s.allocated_claim("d-2-gpus", node, "gpu-0")
+    pod = s.apply(dra_pod(s.namespace, "d-2", f"2={node}:1\n"))
+    uid = s.stack.wait_for(lambda: (s.live("d-2") or {}).get("metadata", {}).get("uid"), 10, "the pod's uid")
+    s.admin._call("PATCH", f"{RESOURCE}/namespaces/{s.namespace}/resourceclaims/d-2-gpus",
+                  {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "d-2", "uid": uid,
+                                                     "controller": True}]}},
+                  "application/merge-patch+json")
+    return Pending(s.namespace, "d-2", pod, f"ResourceClaim {s.namespace}/d-2-gpus is allocated to other devices or"
+                   f" another node ({NVIDIA}/{node}/gpu-0) than its map entry wants ({NVIDIA}/{node}/gpu-1 on {node});"
+                   " delete the claim to place the pod again")
+
+
+SITUATIONS = {
+    "NoMapEntry": no_map_entry,
+    "MalformedMap": malformed_map,
+    "UnknownIndex": unknown_index,
+    "NoAnnotation": no_annotation,
+    "NodeExists": node_exists,
+    "NodeUnschedulable": node_unschedulable,
+    "NodeReady": node_ready,
+    "TaintToleration": taint_toleration,
+    "NodeGPUCapacity": node_gpu_capacity,
+    "NodeAffinity": node_affinity,
+    "NodePorts": node_ports,
+    "NodeResourcesFit-cpu": insufficient_cpu,
+    "NodeResourcesFit-pods": too_many_pods,
+    "GPUsHeld-running-pod": held_by_a_running_pod,
+    "GPUsHeld-fresh-record": held_by_a_fresh_record,
+    "GPUsHeld-sharing-limit": held_at_the_sharing_limit,
+    "DynamicResources-allocated-in-another-claim": dra_allocated_in_another_claim,
+    "DynamicResources-no-matching-device": dra_no_matching_device,
+    "DynamicResources-claim-allocated-elsewhere": dra_claim_allocated_elsewhere,
+}
+assert SITUATIONS.keys() == PLUGINS.keys()
+
+
+@pytest.fixture
+def situation(stack, namespace, admin):
+    made = Situation(stack, namespace, admin)
+    yield made
+    for cleanup in reversed(made.cleanups):
+        cleanup()
+
+
+# -- what each says ------------------------------------------------------------------------------
+def failed_scheduling(stack, namespace: str, uid: str) -> list[dict]:
+    query = urllib.parse.urlencode({"fieldSelector": f"involvedObject.uid={uid}"})
+    events = json.loads(stack.cp.get(f"/api/v1/namespaces/{namespace}/events?{query}"))["items"]
+    return [e for e in events if e.get("reason") == "FailedScheduling"]
+
+
+def matches(expected: str | re.Pattern, message: str) -> bool:
+    return bool(expected.fullmatch(message)) if isinstance(expected, re.Pattern) else message == expected
+
+
+def binds_event(s: Situation, pending: Pending) -> dict:
+    """bind's FailedScheduling Event with the row's message (others may come first: see the module)."""
+    uid = s.stack.wait_for(lambda: (s.live(pending.name, pending.namespace) or {}).get("metadata", {}).get("uid"),
+                           30, f"the pod {pending.name}")
+
+    def found():
+        return next((e for e in failed_scheduling(s.stack, pending.namespace, uid)
+                     if matches(pending.message, e["message"])), None)
+    try:
+        return s.stack.wait_for(found, 30, f"bind's FailedScheduling Event for {pending.name}")
+    except TimeoutError as timeout:
+        seen = [e["message"] for e in failed_scheduling(s.stack, pending.namespace, uid)]
+        pod = s.live(pending.name, pending.namespace) or {}
+        raise AssertionError(f"{timeout}: expected {pending.message!r}, bind said {seen}; the pod's node:"
+                             f" {pod.get('spec', {}).get('nodeName')}, conditions:"
+                             f" {pod.get('status', {}).get('conditions')}") from None
+
+
+def explained(pending: Pending, kubeconfig: str) -> dict:
+    code, out, err = run("explain", f"pod/{pending.name}", "-n", pending.namespace, "--kubeconfig", kubeconfig,
+                         "--scheduler-namespace", BIND_NAMESPACE, "-o", "json")
+    try:
+        answer = json.loads(out)
+        scheduling = answer["scheduling"]
+        return {"action": scheduling.get("action"), "plugin": scheduling.get("plugin"),
+                "message": same(scheduling.get("message")), "placeable": answer.get("placeable")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {"exit": code, "stderr": err.strip(), "stdout": out[:300]}
+
+
+def planned(pending: Pending, kubeconfig: str, path) -> dict:
+    path.write_text(yaml.safe_dump(pending.manifest))
+    code, out, err = run("plan", "-f", str(path), "--cluster", "--kubeconfig", kubeconfig,
+                         "--scheduler-namespace", BIND_NAMESPACE, "-o", "json")
+    try:
+        [row] = [p for w in json.loads(out)["workloads"] for p in w["pods"] if p["pod"] == pending.name]
+        cluster = row["cluster"]
+        return {"decision": cluster.get("decision"), "plugin": cluster.get("plugin"),
+                "message": same(cluster.get("message")), "placeable": row.get("placeable")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {"exit": code, "stderr": err.strip(), "stdout": out[:300]}
+
+
+@pytest.mark.parametrize("row", list(PLUGINS))
+def test_pending_row(stack, reader, situation, row, tmp_path):
+    pending = SITUATIONS[row](situation)
+    event = binds_event(situation, pending)
+    assert (event["type"], event["source"].get("component")) == ("Warning", "gpu-scheduler")
+
+    def refused():
+        pod = situation.live(pending.name, pending.namespace)
+        assert not pod["spec"].get("nodeName"), f"{pending.name} was bound to {pod['spec']['nodeName']}"
+        return next((c for c in pod["status"].get("conditions") or []
+                     if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+    stack.wait_for(refused, 10, "PodScheduled False")
+
+    verdicts = {"bind": {"plugin": (event["metadata"].get("annotations") or {}).get(PLUGIN_ANNOTATION),
+                         "message": same(event["message"])},
+                "explain": explained(pending, reader),
+                "plan": planned(pending, reader, tmp_path / "manifest.yaml")}
+    if situation.recorded is not None and row == "GPUsHeld-fresh-record":
+        # Past its grace the record is free, and what explain and plan said compared nothing.
+        assert time.monotonic() - situation.recorded < GRACE_SECONDS, "too slow for the record's grace"
+    message = same(event["message"])
+    assert verdicts == {"bind": {"plugin": PLUGINS[row], "message": message},
+                        "explain": {"action": "wait", "plugin": PLUGINS[row], "message": message, "placeable": False},
+                        "plan": {"decision": "wait", "plugin": PLUGINS[row], "message": message, "placeable": False}}
