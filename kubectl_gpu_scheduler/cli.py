@@ -234,9 +234,15 @@ def dra_claim(cluster, args, pod: dict[str, Any], index: int | None, placement) 
     return answer
 
 
-def admitted(row: core.Row) -> dict[str, Any]:
-    """The row's pod as bind will see it: named, and in DRA mode with the claim entry mutate adds."""
-    pod = {**row.pod_object, "metadata": {**(row.pod_object.get("metadata") or {}), "name": row.pod}}
+def admitted(row: core.Row, cluster) -> dict[str, Any]:
+    """The row's pod as bind will see it: named, in DRA mode with the claim entry mutate adds, and
+    with the UID of the pod of that name where it exists already (what the pod owns, its claim,
+    is then its own)."""
+    meta = {**(row.pod_object.get("metadata") or {}), "name": row.pod}
+    live = cluster.pod(str(meta.get("namespace") or "default"), row.pod)
+    if live is not None and (live.get("metadata") or {}).get("uid"):
+        meta["uid"] = live["metadata"]["uid"]
+    pod = {**row.pod_object, "metadata": meta}
     if row.mode == DRA and not uses_dra(pod):
         pod_spec = dict(pod.get("spec") or {})
         entry = {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(row.pod)}
@@ -261,7 +267,8 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
         rows = []
         for row in plan.rows:
             claim = _dra_row(cluster, args, row)
-            answer = output.row_dict(row, scheduling(cluster, args, admitted(row))) if cluster else output.row_dict(row)
+            answer = output.row_dict(row, scheduling(cluster, args, admitted(row, cluster))) if cluster \
+                else output.row_dict(row)
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
