@@ -212,7 +212,7 @@ class BoundWatch:
 
 
 def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | None = None,
-                    dra: bool = False, cpu: bool = False) -> dict:
+                    dra: bool = False, cpu: bool = False, after_bound=None) -> dict:
     """n pods created one after another by one creator, all carrying the seed-style map (so the
     webhook runs for every one), placed either by bind (schedulerName gpu-scheduler, through the
     event source) or by kube-scheduler (default scheduler, pinned by nodeSelector to the node the
@@ -223,7 +223,9 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     kube-scheduler allocates and reserves it before binding). Their claims are gone before this
     returns, so the next run finds every device free.
     cpu: also the CPU each process of the stack used per pod, from the first create until the last
-    pod was seen bound (bench/profile.py's meter)."""
+    pod was seen bound (bench/profile.py's meter).
+    after_bound: called once every pod was seen bound, before they are deleted (the timing is
+    already taken: bench.framework waits there for bind to be quiet, to read its CPU)."""
     namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
     map_text = map_text or map_for(n)
     if dra and placed_by == "kube-scheduler":
@@ -254,6 +256,8 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     if len(watch.bound) < n:
         release(stack, namespace)
         raise RuntimeError(f"{placed_by}{' (DRA)' if dra else ''}: only {len(watch.bound)} of {n} pods bound")
+    if after_bound:
+        after_bound()
     done = max(watch.bound.values()) - started
     # The last pod bound after the last was created: how far placement trails creation.
     figures = {"create_per_s": n / created, "bound_per_s": n / done, "tail_s": done - created}
