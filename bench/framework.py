@@ -147,6 +147,7 @@ def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -
     for which, rs in runs.items():
         figures[which] = {"bound_per_s": statistics.median(r["bound_per_s"] for r in rs),
                           "create_per_s": statistics.median(r["create_per_s"] for r in rs),
+                          "tail_s": statistics.median(r["tail_s"] for r in rs),
                           "bind_cpu_ms_per_pod": statistics.median(r["bind_cpu_ms_per_pod"] for r in rs),
                           "runs": rs}
     figures["ratio"] = figures["now"]["bound_per_s"] / figures["before"]["bound_per_s"]
@@ -175,6 +176,8 @@ def rows(f: dict) -> list[str]:
         f"{'  runs of ' + str(f['pods']) + ' pods, pods/s, now; before':<62} {per_s(now)}; {per_s(before)}",
         f"{'  pod creation rate in the same runs, now / before':<62} "
         f"{now['create_per_s']:.0f}/s / {before['create_per_s']:.0f}/s",
+        f"{'  last pod bound after the last created (ms), now / before':<62} "
+        f"{round(now['tail_s'] * 1000)} / {round(before['tail_s'] * 1000)}",
         f"{'  bind CPU ms per placement, now / before (ratio)':<62} "
         f"{now['bind_cpu_ms_per_pod']:.2f} / {before['bind_cpu_ms_per_pod']:.2f} "
         f"({'n/a' if f['cpu_ratio'] is None else format(f['cpu_ratio'], '.2f')})   (report)",
