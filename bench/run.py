@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import hostile, scale
+from bench import framework, hostile, scale
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -212,7 +212,7 @@ class BoundWatch:
 
 
 def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | None = None,
-                    dra: bool = False, cpu: bool = False) -> dict:
+                    dra: bool = False, cpu: bool = False, after_bound=None) -> dict:
     """n pods created one after another by one creator, all carrying the seed-style map (so the
     webhook runs for every one), placed either by bind (schedulerName gpu-scheduler, through the
     event source) or by kube-scheduler (default scheduler, pinned by nodeSelector to the node the
@@ -223,7 +223,9 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     kube-scheduler allocates and reserves it before binding). Their claims are gone before this
     returns, so the next run finds every device free.
     cpu: also the CPU each process of the stack used per pod, from the first create until the last
-    pod was seen bound (bench/profile.py's meter)."""
+    pod was seen bound (bench/profile.py's meter).
+    after_bound: called once every pod was seen bound, before they are deleted (the timing is
+    already taken: bench.framework waits there for bind to be quiet, to read its CPU)."""
     namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
     map_text = map_text or map_for(n)
     if dra and placed_by == "kube-scheduler":
@@ -254,6 +256,8 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     if len(watch.bound) < n:
         release(stack, namespace)
         raise RuntimeError(f"{placed_by}{' (DRA)' if dra else ''}: only {len(watch.bound)} of {n} pods bound")
+    if after_bound:
+        after_bound()
     done = max(watch.bound.values()) - started
     # The last pod bound after the last was created: how far placement trails creation.
     figures = {"create_per_s": n / created, "bound_per_s": n / done, "tail_s": done - created}
@@ -593,6 +597,8 @@ def table(results: dict) -> str:
                 f["ratio"] >= 0.9)
     if "skipped" in fit:
         rows.append(f"{'bind now / before its fit checks (issue 9)':<62} {'skipped':>20}  {fit['skipped']}")
+    if results.get("framework_cost"):
+        rows += framework.rows(results["framework_cost"])
     a = results["admission"]
     goal_row("pod creation with / without the webhook, median ratio", f"{a['median_ratio']:.2f}", "admission",
              a["median_ratio"])
@@ -644,6 +650,9 @@ def main() -> int:
                         help="skip the figures on four real nodes (kubelets on fixed loopback addresses)")
     parser.add_argument("--scale", action="store_true",
                         help="the scale figures at 1000 nodes and 20000 pods (else 100 and 2000; smoke: 20 and 400)")
+    parser.add_argument("--before", default=framework.BEFORE,
+                        help=f"the revision bind now is compared with, before the framework (default {framework.BEFORE};"
+                             " env BENCH_BEFORE)")
     args = parser.parse_args()
     n, reps, replicas, iterations = (40, 1, 40, 300) if args.smoke else (500, 3, 1000, 3000)
     ensure_built()
@@ -675,6 +684,10 @@ def main() -> int:
         print("bench: create to bound in DRA mode: bind env / bind DRA / kube-scheduler DRA", flush=True)
         results["dra_peers"] = dra_peers(stack, n if args.smoke else 300, reps)
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
+        # Last on this stack: its own bind is stopped meanwhile, one bind at a time placing.
+        print(f"bench: bind now vs before the framework ({args.before}), create to bound", flush=True)
+        results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
+                                                             args.before)
     results["scale"] = scale.run(args.smoke, args.scale)
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)
