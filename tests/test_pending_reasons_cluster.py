@@ -13,6 +13,11 @@ row's, except "the pod's claim allocated elsewhere": the claim must be owned by 
 is known only once it exists (bind first says the claim belongs to no pod, then, once the owner is
 set, the row's message). The test waits for the Event with the row's message either way.
 
+MalformedMap's pod is created in bind's own namespace, which the webhook (as knative/webhook.yaml
+ships it) leaves alone: anywhere else mutate refuses the map. The fresh record's row names a pod
+of ours that bind keeps pending for its own reason (a selector): bind counts a record whose pod it
+sees neither pending nor on a node as gone, and its GPU as free.
+
 Messages are compared with their age in seconds (`N s ago`, the fresh record's row) blanked out:
 the Event was written seconds before explain and plan look. That row's record frees its GPU
 GRACE_SECONDS after it was written, so the row must finish within that.
