@@ -7,6 +7,7 @@
 #     (localcp/k8smodule.sh says why).
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
+# Sibling scripts add the nodes' parts, helm, the DRA test driver and Argo CD's CRDs.
 # Modules come through the machine's own Go proxy configuration; Debian packages through the
 # mirror its apt sources name.
 set -euo pipefail
@@ -26,6 +27,8 @@ bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
 bash "$(dirname "${BASH_SOURCE[0]}")/build-helm.sh"
 # Kubernetes' DRA test driver, the real nodes' DRA kubelet plugin (likewise before the exit).
 bash "$(dirname "${BASH_SOURCE[0]}")/build-dra.sh"
+# Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/ (likewise).
+bash "$(dirname "${BASH_SOURCE[0]}")/fetch-argocd-crds.sh"
 if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
 
 for tool in go python3 apt-get dpkg; do

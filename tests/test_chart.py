@@ -217,7 +217,8 @@ def test_knative_route_path(helm):
     configuration = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")
     [webhook] = configuration["webhooks"]
     assert webhook["clientConfig"] == {"service": {"namespace": manifests.NAMESPACE, "name": "mutate", "port": 443, "path": "/"}}
-    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "cert-manager/knative-selfsigned-ca"}
+    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "cert-manager/knative-selfsigned-ca",
+                                                        "argocd.argoproj.io/sync-wave": "1"}
     assert list(containers(docs, "mutate")) == ["mutate"]
     assert not [doc for doc in docs if doc["kind"] in ("Certificate", "Issuer") or doc["apiVersion"] == "v1" and doc["kind"] == "Service"]
 
@@ -239,7 +240,8 @@ def test_direct_service_path(helm, values):
     configuration = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")
     [webhook] = configuration["webhooks"]
     assert webhook["clientConfig"]["service"] == {"namespace": namespace, "name": name, "port": 443, "path": "/"}
-    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{namespace}/{name}"}
+    assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{namespace}/{name}",
+                                                        "argocd.argoproj.io/sync-wave": "1"}
     certificate = find(docs, "Certificate", name)
     assert certificate["spec"]["dnsNames"] == [f"{name}.{namespace}.svc"], "the name the API server checks"
     pod = find(docs, "Service", "mutate")["spec"]["template"]["spec"]

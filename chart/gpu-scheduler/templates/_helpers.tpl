@@ -20,6 +20,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* Argo CD's sync wave of an object (argocd/README.md): the namespace and RBAC first, then mutate
+and its webhook, then bind and its event sources; the check workload (check/statefulset.yaml) is
+wave 3. Argo CD applies a wave once the previous one is healthy; helm and kubectl ignore the
+annotation. include "gpu-scheduler.syncWave" "mutate" */}}
+{{- define "gpu-scheduler.syncWave" -}}
+argocd.argoproj.io/sync-wave: {{ required (printf "no sync wave %q" .) (get (dict "setup" "0" "mutate" "1" "bind" "2") .) | quote }}
+{{- end -}}
+
 {{/* image REPOSITORY:TAG of one function: include "gpu-scheduler.image" (list . "bind") */}}
 {{- define "gpu-scheduler.image" -}}
 {{- $root := index . 0 -}}
