@@ -109,3 +109,22 @@ def test_one_profile_names_every_plugin_once():
     profile_ = default_profile(SchedulerConfig())
     assert [p.name for p in profile_.filter][:3] == ["NodeExists", "NodeUnschedulable", "NodeReady"]
     assert {p.name for p in profile_.reserve} == {"GPUsHeld"} and {p.name for p in profile_.bind} == {"DefaultBinder"}
+
+
+def test_mutate_s_image_imports_the_core_without_the_api_client():
+    """Dockerfile.mutate copies gpu_scheduler/ and not kubeapi/: admission's use of the NodeAffinity
+    plugin must not pull the API client in (its pods failed their probes when it did)."""
+    import subprocess
+    import sys
+    code = "import sys; sys.modules['kubeapi'] = None; import gpu_scheduler.admission"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_package_ships_the_framework_and_its_plugins():
+    """The images install the core with pip from pyproject.toml: its subpackages must be found."""
+    import tomllib
+    from pathlib import Path
+    include = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    assert "gpu_scheduler.*" in include

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Protocol
-
-from kubeapi.errors import APIError
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 from .events import ClusterEvent
 from .snapshot import NodeSnapshot
+
+if TYPE_CHECKING:  # mutate's image has no kubeapi, and imports plugins (NodeAffinity) for their checks
+    from kubeapi.errors import APIError
 
 Pod = Mapping[str, Any]
 
@@ -71,7 +72,7 @@ def error(plugin: str, message: str, reason: str = RETRY) -> Status:
     return Status(Code.ERROR, plugin, message, reason)
 
 
-def api_failure(plugin: str, doing: str, failure: APIError) -> Status:
+def api_failure(plugin: str, doing: str, failure: "APIError") -> Status:
     """An ERROR status for a failed API call: RETRY when trying again as it is can help, else
     API_ERROR with what an operator must fix. A 404 for a namespace is a configuration error, never
     "the pod is gone"."""
