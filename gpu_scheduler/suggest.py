@@ -148,6 +148,9 @@ def check(work: Workload, gpus: int) -> None:
     what = f"{work.kind} {work.namespace}/{work.name}"
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise SuggestError(f"--gpus {gpus}: each replica needs at least 1 GPU; give --gpus 1 or more")
+    if work.kind == "Pod":
+        raise SuggestError(f"{what}: a bare Pod is not a set of replicas; suggest places the replicas of a"
+                           " StatefulSet or of a Job with completionMode: Indexed")
     if not work.indexed:
         raise SuggestError(f"{what}: {work.counted}, so a map cannot name them; suggest places the replicas of a"
                            " StatefulSet or of a Job with completionMode: Indexed")
