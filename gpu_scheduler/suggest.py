@@ -105,8 +105,8 @@ class Shortfall:
         left = sum(len(f.free) for f in self.after)
         text = (f"{work.kind} {work.namespace}/{work.name}: {need} = {count * n} GPU{'s' if count * n != 1 else ''} do not fit: {free} GPU"
                 f"{'s are' if free != 1 else ' is'} free now{': ' + where if where else ''}; each replica needs"
-                f" {together}. {len(self.placed)} of {count} replicas fit; {'index' if len(self.unplaced) == 1 else 'indexes'}"
-                f" {unplaced} do not")
+                f" {together}. {len(self.placed)} of {count} replicas fit; "
+                + (f"index {unplaced} does not" if len(self.unplaced) == 1 else f"indexes {unplaced} do not"))
         if self.placed:
             text += f" (after the {len(self.placed)} that fit, {left} GPU{'s' if left != 1 else ''} left"
             text += f": {_free_listing(self.after)})" if left else ")"

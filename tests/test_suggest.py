@@ -122,8 +122,8 @@ def test_nodes_bind_refuses_are_not_used_and_are_named_when_it_does_not_fit():
     assert result.unplaced == (2,)
     message = result.message
     assert message.startswith("StatefulSet team/train: 3 replicas x 2 GPUs = 6 GPUs do not fit: 5 GPUs are free now:"
-                              " a 2,3; b 0,1,2; each replica needs 2 on one node. 2 of 3 replicas fit; index 2 do"
-                              " not (after the 2 that fit, 1 GPU left: b 2)")
+                              " a 2,3; b 0,1,2; each replica needs 2 on one node. 2 of 3 replicas fit; index 2"
+                              " does not (after the 2 that fit, 1 GPU left: b 2)")
     assert "cordoned (NodeUnschedulable: node cordoned is cordoned (spec.unschedulable))" in message
     assert "down (NodeReady: node down is not Ready)" in message
     assert "cpu-only (NoGPUs: node cpu-only advertises no nvidia.com/gpu)" in message

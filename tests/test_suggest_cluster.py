@@ -1,0 +1,85 @@
+"""`kubectl gpu-scheduler suggest` on the real 1.34 control plane, run as a user granted exactly
+permissions.PLUGIN: with GPUs held by another workload, the map it prints is applied, and bind
+binds every replica on the node and devices suggest printed, no device to two workloads; with too
+few free GPUs it exits 1 naming them. The tests' nodes are their own (4 GPUs each, no kubelet: the
+pods stay Pending once bound); the manifests' nodeSelector keeps suggest to them."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from gpu_scheduler import ANNOTATION
+from gpu_scheduler.fit import DEVICES_ANNOTATION
+from gpu_scheduler.schedmap import parse_map
+from test_plugin_cluster import SEED, reader, run  # noqa: F401 (fixture)
+from test_records_cluster import Nodes, own_nodes, record_of  # noqa: F401 (fixture)
+
+LABEL = "gpu-scheduler.test/suggest"
+
+
+def statefulset(namespace: str, name: str, replicas: int, pool: str, annotations: dict | None = None) -> dict:
+    """The seed StatefulSet without its map, kept to the nodes labelled `pool`."""
+    obj = json.loads(json.dumps(SEED))
+    obj["metadata"].update(name=name, namespace=namespace, labels={"app": name})
+    obj["spec"].update(replicas=replicas, serviceName=name, selector={"matchLabels": {"app": name}})
+    template = obj["spec"]["template"]
+    template["metadata"] = {"labels": {"app": name}, "annotations": dict(annotations or {})}
+    template["spec"]["nodeSelector"] = {LABEL: pool}
+    return obj
+
+
+def given(pods) -> list[tuple[str, str]]:
+    """(node, device) for each device each bound pod holds, as bind recorded it on the pod."""
+    return [(p["spec"]["nodeName"], device) for p in pods if p["spec"].get("nodeName")
+            for device in p["metadata"].get("annotations", {}).get(DEVICES_ANNOTATION, "").split(",") if device]
+
+
+def test_suggest_places_every_replica_where_bind_then_binds_it(stack, namespace, reader, own_nodes, tmp_path):
+    a, b = own_nodes(2, **{LABEL: namespace})
+    # Another workload holds GPU 0 on a and GPU 3 on b (its pods bound, bind's records written).
+    holder = statefulset(namespace, "holder", 2, namespace,
+                         {ANNOTATION: f"0={a}:0\n1={b}:3\n"})
+    stack.apply(holder)
+    stack.wait_bound(namespace, 2, "app=holder")
+    assert record_of(stack, a, "0") and record_of(stack, b, "3")
+
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(statefulset(namespace, "train", 3, namespace)))
+
+    # Three replicas of 2 GPUs: two fit (a: 1,2; b: 0,1), the third does not; the message says so.
+    code, out, err = run("suggest", "-f", str(path), "--gpus", "2", "--spread", "--kubeconfig", reader)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: StatefulSet {namespace}/train: 3 replicas x 2 GPUs = 6 GPUs do not fit: 6 GPUs"
+                          f" are free now: {a} 1,2,3; {b} 0,1,2; each replica needs 2 on one node. 2 of 3 replicas"
+                          f" fit; index 2 does not (after the 2 that fit, 2 GPUs left: {a} 3; {b} 2)"), err
+    assert "node1, node2, node3, node4 (NodeAffinity:" in err and err.count("\n") == 1
+
+    # Two replicas fit: the manifest with its map, as the reader prints it.
+    obj = yaml.safe_load(path.read_text())
+    obj["spec"]["replicas"] = 2
+    path.write_text(yaml.safe_dump(obj))
+    code, out, err = run("suggest", "-f", str(path), "--gpus", "2", "--spread", "-o", "yaml", "--kubeconfig", reader)
+    assert (code, err) == (0, "")
+    suggested = yaml.safe_load(out)
+    text = suggested["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == f"0={a}:1,2\n1={b}:0,1\n"
+    assert f"{ANNOTATION}: |\n" in out, "the map as a block, as people write it"
+
+    stack.apply(out)
+    pods = {p["metadata"]["name"]: p for p in stack.wait_bound(namespace, 2, "app=train")}
+    for index, placement in parse_map(text).items():
+        pod = pods[f"train-{index}"]
+        assert pod["spec"]["nodeName"] == placement.node
+        assert pod["metadata"]["annotations"][DEVICES_ANNOTATION] == ",".join(placement.devices)
+    everything = given(stack.pods(namespace))
+    assert len(everything) == 6 and len(set(everything)) == 6, everything
+
+    # Now only a's 3 and b's 2 are free: one more replica of 1 GPU each fits on each, --pack fills a first.
+    more = tmp_path / "more.yaml"
+    more.write_text(yaml.safe_dump(statefulset(namespace, "more", 2, namespace)))
+    code, out, err = run("suggest", "-f", str(more), "--gpus", "1", "--pack", "--in-place", "--kubeconfig", reader)
+    assert (code, err) == (0, "")
+    assert f"0       more-0   {a}   3" in out and f"written to {more}" in out
+    written = yaml.safe_load(more.read_text())
+    assert written["spec"]["template"]["metadata"]["annotations"][ANNOTATION] == f"0={a}:3\n1={b}:2\n"
