@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from gpu_scheduler import ANNOTATION
+from gpu_scheduler.devices import MODE_ANNOTATION
+from gpu_scheduler.plugins.dra import PCIE_ROOT
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from gpu_scheduler.schedmap import parse_map
+from test_dra_cluster import admin  # noqa: F401 (fixture)
 from test_plugin_cluster import SEED, reader, run  # noqa: F401 (fixture)
 from test_records_cluster import Nodes, own_nodes, record_of  # noqa: F401 (fixture)
 
@@ -83,3 +87,67 @@ def test_suggest_places_every_replica_where_bind_then_binds_it(stack, namespace,
     assert f"0       more-0   {a}   3" in out and f"written to {more}" in out
     written = yaml.safe_load(more.read_text())
     assert written["spec"]["template"]["metadata"]["annotations"][ANNOTATION] == f"0={a}:3\n1={b}:2\n"
+
+
+# -- DRA mode -------------------------------------------------------------------------------------------
+RESOURCE = "/apis/resource.k8s.io/v1"
+NVIDIA = "gpu.nvidia.com"
+ROOTS = {"gpu-0": "pci0000:00", "gpu-1": "pci0000:00", "gpu-2": "pci0000:80", "gpu-3": "pci0000:80"}
+
+
+@pytest.fixture
+def dra_nodes(stack, namespace, admin, own_nodes):
+    """Two nodes of the test's own, each publishing gpu-0..gpu-3 under two PCIe roots (NVIDIA's
+    driver names and attributes). Afterwards the StatefulSets go (their pods not made again), the
+    pods at once, then their claims and the slices, so that no allocation outlives the test."""
+    nodes = own_nodes(2, **{LABEL: namespace})
+    for name in nodes:
+        admin._call("POST", f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{name}-gpus"},
+            "spec": {"driver": NVIDIA, "nodeName": name, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": device, "attributes": {"index": {"int": int(device[-1])},
+                                                                 PCIE_ROOT: {"string": root}}}
+                                 for device, root in ROOTS.items()]}})
+    yield nodes
+    stack.cp.kubectl("delete", "statefulsets", "--all", "-n", namespace, "--cascade=orphan")  # no pod made again
+    stack.cp.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force")
+    stack.cp.kubectl("delete", "resourceclaims", "--all", "-n", namespace, "--wait=false")
+    stack.wait_for(lambda: not admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims")["items"], 60,
+                   "the test's claims gone")
+    for name in nodes:
+        admin._call("DELETE", f"{RESOURCE}/resourceslices/{name}-gpus")
+
+
+def test_dra_suggest_takes_devices_from_the_slices_under_one_pcie_root(stack, namespace, reader, admin, dra_nodes,
+                                                                      tmp_path):
+    a, b = dra_nodes
+    # Another claim holds a's gpu-1: a's only root with two free devices is pci0000:80.
+    theirs = admin._call("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "theirs", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "one", "exactly": {"deviceClassName": NVIDIA}}]}}})
+    theirs["status"] = {"allocation": {"devices": {"results": [
+        {"request": "one", "driver": NVIDIA, "pool": a, "device": "gpu-1"}]}}}
+    admin._call("PUT", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/theirs/status", theirs)
+
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(statefulset(namespace, "train", 2, namespace, {MODE_ANNOTATION: "dra"})))
+    code, out, err = run("suggest", "-f", str(path), "--gpus", "2", "--spread", "-o", "yaml", "--kubeconfig", reader)
+    assert (code, err) == (0, "")
+    text = yaml.safe_load(out)["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == f"0={a}:2,3\n1={b}:0,1\n"
+
+    stack.apply(out)
+    pods = {p["metadata"]["name"]: p for p in stack.wait_bound(namespace, 2, "app=train")}
+    for index, placement in parse_map(text).items():
+        assert pods[f"train-{index}"]["spec"]["nodeName"] == placement.node
+        claim = admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/train-{index}-gpus")
+        devices = [(r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert devices == [(placement.node, f"gpu-{d}") for d in placement.devices]
+        assert len({ROOTS[device] for _, device in devices}) == 1, "one PCIe root"
+
+    # Another workload of three GPUs under one root fits nowhere: exit 1, naming what is free.
+    path.write_text(yaml.safe_dump(statefulset(namespace, "more", 2, namespace, {MODE_ANNOTATION: "dra"})))
+    code, out, err = run("suggest", "-f", str(path), "--gpus", "3", "--kubeconfig", reader)
+    assert (code, out) == (1, "")
+    assert ("2 replicas x 3 GPUs = 6 GPUs do not fit: 3 GPUs are free now: "
+            f"{a} 0; {b} 2,3; each replica needs 3 on one node under one PCIe root") in err, err
