@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 
+from conftest import REPO
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.devices import MODE_ANNOTATION
 from gpu_scheduler.plugins.dra import PCIE_ROOT
@@ -151,3 +152,21 @@ def test_dra_suggest_takes_devices_from_the_slices_under_one_pcie_root(stack, na
     assert (code, out) == (1, "")
     assert ("2 replicas x 3 GPUs = 6 GPUs do not fit: 3 GPUs are free now: "
             f"{a} 0; {b} 2,3; each replica needs 3 on one node under one PCIe root") in err, err
+
+
+def test_the_readme_shows_what_suggest_prints_on_the_local_cluster(stack, monkeypatch):
+    """README 'Try it locally': `make demo` runs suggest on node1..node4 before the seed (localcp/demo.py
+    `suggested`); here on the same four nodes, 4 GPUs each, nothing held."""
+    from localcp.demo import suggested
+
+    monkeypatch.chdir(REPO)
+    out = suggested(stack)
+    readme = (REPO / "README.md").read_text()
+    assert f"$ kubectl gpu-scheduler suggest -f check/statefulset.yaml --gpus 2\n{out}```" in readme
+    assert "With `--gpus 3` only four replicas fit, one a node: it exits 1" in readme
+    code, out, err = run("suggest", "-f", "check/statefulset.yaml", "--gpus", "3", "--kubeconfig",
+                         str(stack.cp.kubeconfig))
+    assert (code, out) == (1, "")
+    assert ("5 replicas x 3 GPUs = 15 GPUs do not fit: 16 GPUs are free now: node1 0,1,2,3; node2 0,1,2,3;"
+            " node3 0,1,2,3; node4 0,1,2,3; each replica needs 3 on one node. 4 of 5 replicas fit; index 4 does not"
+            " (after the 4 that fit, 4 GPUs left: node1 3; node2 3; node3 3; node4 3)\n") in err, err
