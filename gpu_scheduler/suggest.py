@@ -260,7 +260,7 @@ def pick(free: Sequence[str], groups: Mapping[str, str | None], count: int) -> t
 # -- choosing ----------------------------------------------------------------------------------------
 class _Node:
     """One node while suggest chooses: its snapshot with the replicas placed so far, the devices
-    given to them, and each device's verdict for the workload (kept: only more is taken later)."""
+    given to them, and each device's verdict for a workload (kept until a replica is placed here)."""
 
     def __init__(self, snapshot: NodeSnapshot, position: int):
         # The manifest's pods and claims do not exist yet: no claim of theirs is read.
@@ -281,6 +281,7 @@ class _Node:
         self.snapshot = dataclasses.replace(self.snapshot, info=self.snapshot.info.plus(PodInfo.of(placed)), held=held)
         self.given.update(choice.devices)
         self.replicas += 1
+        self.verdicts.clear()  # the node changed: its devices are decided again
 
 
 def _verdict(framework: Framework, pod: Mapping[str, Any], node: _Node) -> tuple[Status, Any]:
@@ -297,7 +298,7 @@ def _free(framework: Framework, work: Workload, index: int, node: _Node, offered
             continue
         key = (f"{work.kind}/{work.namespace}/{work.name}", device)
         status = node.verdicts.get(key)
-        if status is None or status.ok:  # a refusal stays one: later replicas only take more
+        if status is None:
             status, _ = _verdict(framework, candidate_pod(work, index, f"{index}={node.snapshot.name}:{device}"), node)
             node.verdicts[key] = status
         if status.ok:
@@ -359,7 +360,7 @@ def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy
         status, wanted = _verdict(framework, pod, node)
         if not status.ok:
             continue
-        choice = Choice(index, pod_name(pod), node.snapshot.name, devices)
+        choice = Choice(index, pod_name(pod_for(work, index)), node.snapshot.name, devices)
         node.take(pod, choice, wanted)
         counts[node.snapshot.name] += 1
         return choice

@@ -249,3 +249,21 @@ def test_annotate_writes_the_map_into_the_pod_template():
     obj["spec"]["template"]["metadata"] = {}
     annotate(obj, "0=a:0\n")
     assert obj["spec"]["template"]["metadata"]["annotations"] == {ANNOTATION: "0=a:0\n"}
+
+
+def test_an_indexed_job_s_completions_are_its_replicas():
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "team"},
+           "spec": {"completionMode": "Indexed", "completions": 3, "template": statefulset()["spec"]["template"]}}
+    result = run(job, 4, SPREAD, [snapshot(node("a")), snapshot(node("b")), snapshot(node("c"))])
+    assert result.map_text == "0=a:0,1,2,3\n1=b:0,1,2,3\n2=c:0,1,2,3\n"
+    assert [c.pod for c in result.choices] == ["j-0-*", "j-1-*", "j-2-*"]
+    bind_passes_each_entry(job, result, [snapshot(node("a")), snapshot(node("b")), snapshot(node("c"))])
+
+
+def test_many_nodes_and_replicas_are_chosen_in_bounded_time():
+    """Each device is decided once per node until a replica is placed there, not once per replica."""
+    nodes = [snapshot(node(f"n{i:03d}", gpus=8)) for i in range(200)]
+    started = time.monotonic()
+    result = run(statefulset(400), 4, PACK, nodes)
+    assert isinstance(result, Placed) and len(result.choices) == 400
+    assert time.monotonic() - started < 30
