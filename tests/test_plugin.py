@@ -411,3 +411,19 @@ def test_suggest_names_the_fix_for_a_manifest_it_cannot_place(tmp_path, unreacha
     code, out, err = run("suggest", "-f", write(tmp_path, manifest), "--gpus", "1",
                          "--kubeconfig", str(unreachable_kubeconfig))
     assert (code, out) == (2, "") and message in err and err.count("\n") == 1
+
+
+def test_suggest_prints_the_manifest_as_people_write_it():
+    """-o yaml: the map as a literal block, the keys in the manifest's order; -o json: one object,
+    or a List of several."""
+    from kubectl_gpu_scheduler.output import manifest_text
+
+    obj = with_map("0=node1:0,1\n1=node2:2\n", replicas=2)
+    text = manifest_text([obj], "yaml")
+    assert "gpu-scheduling-map: |\n          0=node1:0,1\n          1=node2:2\n" in text
+    assert text.index("apiVersion") < text.index("kind") < text.index("metadata") < text.index("spec")
+    assert yaml.safe_load(text) == obj
+    assert json.loads(manifest_text([obj], "json")) == obj
+    both = json.loads(manifest_text([obj, obj], "json"))
+    assert (both["kind"], both["items"]) == ("List", [obj, obj])
+    assert list(yaml.safe_load_all(manifest_text([obj, obj], "yaml"))) == [obj, obj]
