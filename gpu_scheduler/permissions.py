@@ -43,12 +43,13 @@ EVENT_SOURCE = frozenset({
     ("", "pods", "list"),
     ("", "pods", "watch"),
 })
-# The kubectl plugin (kubectl gpu-scheduler plan --cluster / explain) only reads: what a user
+# The kubectl plugin (kubectl gpu-scheduler plan --cluster / explain / suggest) only reads: what a user
 # running it needs, on top of nothing else.
 PLUGIN = frozenset({
     ("", "pods", "get"),            # explain: the pod
     ("", "pods", "list"),           # the pods on a node, for the fit and GPU checks bind makes
     ("", "nodes", "get"),           # the node checks bind makes
+    ("", "nodes", "list"),          # suggest: every node is a candidate for a replica
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
     # bind's device records (Leases in its namespace): GPUsHeld reads them as bind does
     ("coordination.k8s.io", "leases", "list"),

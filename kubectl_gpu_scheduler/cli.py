@@ -1,4 +1,4 @@
-"""kubectl gpu-scheduler plan | explain: arguments in, files and API reads, formatted core answers out.
+"""kubectl gpu-scheduler plan | explain | suggest: arguments in, files and API reads, formatted core answers out.
 
 Exit status: 0 every pod is (or would be) placed; 1 at least one would not be; 2 the command could
 not answer (usage, unreadable or invalid input, kubeconfig or API errors), with a one-line message.
@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from importlib import metadata
 from typing import Any, Sequence
 
 from gpu_scheduler import plan as core
+from gpu_scheduler import suggest as suggesting
+from gpu_scheduler.suggest import PACK, SPREAD
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
 from gpu_scheduler.plugins import dra
 from gpu_scheduler.plugins.dra import uses_dra
@@ -93,6 +96,20 @@ exit status:
 {CANNOT_ANSWER}"""
 
 
+SUGGEST_EXAMPLES = f"""examples:
+  # a map giving each replica 2 GPUs, one replica per node first; the manifest, ready to apply
+  {PROG} suggest -f statefulset.yaml --gpus 2 -o yaml | kubectl apply -f -
+
+  # fill a node before the next, and write the map into the file
+  {PROG} suggest -f statefulset.yaml --gpus 1 --pack --in-place
+
+exit status:
+  0  every replica has its N GPUs: the map is printed (or written)
+  1  they do not fit: the message says how many GPUs are free, and where
+{CANNOT_ANSWER}"""
+SUGGEST_FORMATS = ("table", "yaml", "json")
+
+
 def parser() -> argparse.ArgumentParser:
     text = {"formatter_class": argparse.RawDescriptionHelpFormatter}
     top = Parser(prog=PROG, description="Where gpu-scheduler puts each pod, before and after applying: the node\n"
@@ -140,6 +157,26 @@ def parser() -> argparse.ArgumentParser:
         "keep it waiting in bind's queue, refused by which plugin, until which events.")
     explain.add_argument("pod", nargs="+", metavar="POD", help="NAME, pod/NAME (pods/, po/) or pod NAME")
     common(explain, output.EXPLAIN_FORMATS)
+    suggest = commands.add_parser(
+        "suggest", help="write a gpu-scheduling-map that fits the cluster as it is now", epilog=SUGGEST_EXAMPLES,
+        **text, description="A gpu-scheduling-map giving every replica of a StatefulSet or Indexed Job N GPUs on\n"
+        "one node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
+        "mode their ResourceSlices' devices, one PCIe root per replica where published), less\n"
+        "those other workloads hold (pods, bind's device records, DRA claims). Each entry passes\n"
+        "bind's own filters now. Prints the placements (or the manifest, -o yaml|json), or says\n"
+        "why the replicas do not fit: how many GPUs are free, and where.")
+    suggest.add_argument("-f", "--filename", required=True, metavar="FILE",
+                         help="the manifest (a StatefulSet or Indexed Job; other objects pass through); - reads stdin")
+    suggest.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs for each replica, on one node")
+    strategy = suggest.add_mutually_exclusive_group()
+    strategy.add_argument("--spread", dest="strategy", action="store_const", const=SPREAD,
+                          help="one replica per node first, round-robin: fewest replicas per node (the default)")
+    strategy.add_argument("--pack", dest="strategy", action="store_const", const=PACK,
+                          help="fill a node before the next")
+    suggest.set_defaults(strategy=SPREAD)
+    suggest.add_argument("--in-place", action="store_true",
+                         help="write the map into FILE (rewritten as YAML or JSON: its comments are not kept)")
+    common(suggest, SUGGEST_FORMATS)
     return top
 
 
@@ -322,6 +359,77 @@ def run_explain(args) -> dict[str, Any]:
     return answer
 
 
+# -- suggest ------------------------------------------------------------------------------------
+def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tuple[Any, core.Workload]]:
+    """(the object, its workload) for each StatefulSet and Job of the documents; UsageError at the
+    first object that cannot be read, naming file and document."""
+    found = []
+    for document in documents:
+        where = f"{files.shown(document.source)}: document {document.number}"
+        try:
+            for obj in core.objects_in(document.content):
+                if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *core.UNINDEXED_KINDS):
+                    continue
+                work = core.workload(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod") else \
+                    core.workload(_with_map(obj), namespace)
+                if work is None:
+                    continue
+                if explicit and work.namespace != namespace:
+                    raise UsageError(f"{where} ({work.kind} {work.namespace}/{work.name}): the namespace of the"
+                                     f" object ({work.namespace}) does not match --namespace {namespace}")
+                found.append((obj, work))
+        except core.ManifestError as error:
+            raise UsageError(f"{where}: {error}") from None
+    return found
+
+
+def _with_map(obj: Any) -> Any:
+    """An unindexed workload as if it had a map, so that suggest names it (and why no map fits it)."""
+    path = core.UNINDEXED_KINDS.get(obj.get("kind"), ())
+    copy = json.loads(json.dumps(obj))
+    template: Any = copy
+    for key in path:
+        template = template.get(key) if isinstance(template, dict) else None
+    if isinstance(template, dict):
+        meta = template.setdefault("metadata", {}) if isinstance(template.get("metadata", {}), dict) else None
+        if meta is not None:
+            annotations = meta.setdefault("annotations", {})
+            if isinstance(annotations, dict):
+                annotations.setdefault(ANNOTATION, "")
+    return copy
+
+
+def run_suggest(args, stdin) -> tuple[list, list, str]:
+    """(the documents, the choices or the shortfalls, the file's format) for suggest."""
+    _rules(args)
+    if args.in_place and args.filename == "-":
+        raise UsageError("--in-place edits a file: give -f FILE, not stdin")
+    if args.gpus < 1:
+        raise UsageError(f"--gpus {args.gpus}: each replica needs at least 1 GPU; give --gpus 1 or more")
+    documents = files.read([args.filename], stdin)
+    cluster, namespace = connect(args)  # the kubeconfig only: the API is read once the request is sound
+    found = _suggested_workloads(documents, namespace, bool(args.namespace))
+    if not found:
+        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet or Indexed Job to place (suggest writes the"
+                         " map of a StatefulSet, or of a Job with completionMode: Indexed)")
+    works = [work for _, work in found]
+    try:
+        for work in works:
+            suggesting.check(work, args.gpus)
+        config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))
+        # A DRA-mode replica, if any, so that the snapshots hold the nodes' slices and every claim's devices.
+        first = next((w for w in works if suggesting.dra_mode(w)), works[0])
+        sample = suggesting.candidate_pod(first, first.indexes[0], "")
+        snapshots = [cluster.snapshot(name, sample, args.scheduler_namespace) for name in cluster.nodes()]
+        results = suggesting.suggest(works, args.gpus, args.strategy, snapshots, framework(args), config)
+    except suggesting.SuggestError as error:
+        raise UsageError(str(error)) from None
+    for (obj, _), result in zip(found, results):
+        if isinstance(result, suggesting.Placed):
+            suggesting.annotate(obj, result.map_text)
+    return documents, results, "json" if args.filename.endswith(".json") else "yaml"
+
+
 # -- main ---------------------------------------------------------------------------------------
 def _say(text: str, stream) -> None:
     try:
@@ -340,6 +448,23 @@ def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None
         if args.namespace is not None and not is_dns_label(args.namespace):
             raise UsageError(f"-n/--namespace: {core.found(args.namespace)} is not a namespace name"
                              " (a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters)")
+        if args.command == "suggest":
+            documents, results, form = run_suggest(args, stdin)
+            short = [r for r in results if isinstance(r, suggesting.Shortfall)]
+            if short:
+                for result in short:
+                    _say(f"error: {result.message}\n", stderr)
+                return NOT_PLACEABLE
+            objects = [d.content for d in documents if d.content is not None]
+            if args.in_place:
+                text = output.manifest_text(objects, form)
+                with open(args.filename, "w", encoding="utf-8") as written:
+                    written.write(text)
+            if args.output == "table" or args.in_place:
+                _say(output.suggest_table(results, args.filename if args.in_place else None), stdout)
+            else:
+                _say(output.manifest_text(objects, args.output), stdout)
+            return OK
         if args.command == "plan":
             answer, errors = run_plan(args, stdin)
             if answer["workloads"]:

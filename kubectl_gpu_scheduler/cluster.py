@@ -41,6 +41,15 @@ class Cluster:
             self._nodes[name] = _or_none(self.api.read_node, name)
         return self._nodes[name]
 
+    def nodes(self) -> list[str]:
+        """Every node's name, sorted (suggest's candidates), each node kept for node()."""
+        for page, _ in self.api.list_nodes():
+            for item in page:
+                name = (item.get("metadata") or {}).get("name")
+                if isinstance(name, str) and name:
+                    self._nodes[name] = item
+        return sorted(name for name, node in self._nodes.items() if node is not None)
+
     def pods_on(self, node: str) -> list[dict]:
         """The pods bound to `node`, in all namespaces (what the fit and GPU checks count)."""
         if node not in self._pods_on:

@@ -155,3 +155,39 @@ def explain_table(answer: dict[str, Any]) -> str:
     else:
         lines.append(f"Scheduling:     {decided['action']}: {decided['message']}")
     return "\n".join(lines) + "\n"
+
+
+# -- suggest --------------------------------------------------------------------------------------
+class _ManifestDumper(yaml.SafeDumper):
+    """YAML as people write manifests: a multi-line string (the map) as a literal block."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _text)
+
+
+def manifest_text(objects: list[Any], form: str) -> str:
+    """The manifest's documents, as YAML (`---` between them) or JSON (one object, or a List)."""
+    if form == "json":
+        value = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
+        return json.dumps(value, indent=2) + "\n"
+    return yaml.dump_all(objects, Dumper=_ManifestDumper, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def suggest_table(results, edited: str | None = None) -> str:
+    """Each workload's replicas, node and devices, then its map as the annotation carries it."""
+    out = []
+    for result in results:
+        work = result.work
+        out.append(f"{work.kind} {work.namespace}/{work.name} ({counted(work.kind, work.indexed, work.replicas, work.ordinals_start)};"
+                   f" {result.gpus} GPU{'s' if result.gpus != 1 else ''} each)\n")
+        out.append(columns(["INDEX", "POD", "NODE", "DEVICES"],
+                           [[str(c.index), c.pod, c.node, ",".join(c.devices)] for c in result.choices]))
+        out.append("gpu-scheduling-map:\n" + "".join(f"  {line}\n" for line in result.map_text.splitlines()))
+    if edited:
+        out.append(f"written to {shown(edited)}\n")
+    return "".join(out)

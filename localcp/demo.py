@@ -8,6 +8,7 @@ node, and the kubelet prepares it (CDI) before the container starts. The seed gi
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -34,6 +35,16 @@ def seed(dra: bool) -> str:
     return json.dumps(manifest)
 
 
+def suggested(stack: LocalStack) -> str:
+    """What `kubectl gpu-scheduler suggest -f check/statefulset.yaml --gpus 2` prints on the stack."""
+    from kubectl_gpu_scheduler.cli import main as plugin
+
+    out, err = io.StringIO(), io.StringIO()
+    plugin(["suggest", "-f", str(SEED), "--gpus", "2", "--kubeconfig", str(stack.cp.kubeconfig)],
+           stdout=out, stderr=err)
+    return out.getvalue() + err.getvalue()
+
+
 def step(message: str) -> None:
     print(f"\n==> {message}", flush=True)
 
@@ -58,6 +69,10 @@ def main(argv=None) -> int:
         print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
         print("    " + "; ".join(stack.cp.versions()))
         print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        step(f"kubectl gpu-scheduler suggest -f {SEED.relative_to(REPO)} --gpus 2   (a map from the nodes as they"
+             " are, before the seed:\n    each replica 2 GPUs on one node, one replica per node first; the seed"
+             " is applied with its own map)")
+        print(suggested(stack), end="")
         if args.dra:
             step(f"kubectl apply -f {SEED.relative_to(REPO)} in DRA mode: annotations {DRA_CHANGES},"
                  f"\n    map entry {DRA_INDEX_4[0]} -> {DRA_INDEX_4[1]} (a device belongs to one claim)")

@@ -304,7 +304,7 @@ def test_version_is_the_packages():
     assert (code, out, err) == (0, f"kubectl-gpu_scheduler version v{metadata.version('gpu-scheduler')}\n", "")
 
 
-@pytest.mark.parametrize("command", ["plan", "explain"])
+@pytest.mark.parametrize("command", ["plan", "explain", "suggest"])
 def test_each_command_has_a_description_and_examples(command):
     code, out, err = run(command, "--help")
     assert (code, err) == (0, "")
@@ -386,3 +386,44 @@ def test_bad_dra_device_rules_are_a_usage_error():
     code, out, err = run("plan", "-f", SEED_FILE, "--dra-device-rules", '{"gpu.nvidia.com": {"name": "gpu"}}')
     assert (code, out) == (2, "")
     assert err.startswith("error: --dra-device-rules: ") and "{index}" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpus", "0"], "error: --gpus 0: each replica needs at least 1 GPU; give --gpus 1 or more\n"),
+    (["--gpus", "1", "--spread", "--pack"], "argument --pack: not allowed with argument --spread"),
+    (["--gpus", "1", "--in-place", "-f", "-"], "error: --in-place edits a file: give -f FILE, not stdin\n"),
+])
+def test_suggest_refuses_a_bad_request_before_reading_the_cluster(unreachable_kubeconfig, argv, message):
+    code, out, err = run("suggest", "-f", SEED_FILE, *argv, "--kubeconfig", str(unreachable_kubeconfig))
+    assert (code, out) == (2, "") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("manifest,message", [
+    ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+      "spec": {"template": {"spec": {"schedulerName": "gpu-scheduler", "containers": []}}}},
+     "Deployment default/d: a Deployment's pods are named with generateName, so a map cannot name them;"
+     " suggest places the replicas of a StatefulSet or of a Job with completionMode: Indexed"),
+    ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
+     "no StatefulSet or Indexed Job to place"),
+    (with_map("0=node1:0", replicas=0), "spec.replicas is 0, so there is nothing to place; set spec.replicas to 1"),
+])
+def test_suggest_names_the_fix_for_a_manifest_it_cannot_place(tmp_path, unreachable_kubeconfig, manifest, message):
+    code, out, err = run("suggest", "-f", write(tmp_path, manifest), "--gpus", "1",
+                         "--kubeconfig", str(unreachable_kubeconfig))
+    assert (code, out) == (2, "") and message in err and err.count("\n") == 1
+
+
+def test_suggest_prints_the_manifest_as_people_write_it():
+    """-o yaml: the map as a literal block, the keys in the manifest's order; -o json: one object,
+    or a List of several."""
+    from kubectl_gpu_scheduler.output import manifest_text
+
+    obj = with_map("0=node1:0,1\n1=node2:2\n", replicas=2)
+    text = manifest_text([obj], "yaml")
+    assert "gpu-scheduling-map: |\n          0=node1:0,1\n          1=node2:2\n" in text
+    assert text.index("apiVersion") < text.index("kind") < text.index("metadata") < text.index("spec")
+    assert yaml.safe_load(text) == obj
+    assert json.loads(manifest_text([obj], "json")) == obj
+    both = json.loads(manifest_text([obj, obj], "json"))
+    assert (both["kind"], both["items"]) == ("List", [obj, obj])
+    assert list(yaml.safe_load_all(manifest_text([obj, obj], "yaml"))) == [obj, obj]

@@ -236,6 +236,43 @@ def _matches(rule: Rule, node: str, index: str, device: Device, body: Mapping[st
     return isinstance(have, str) and have == index
 
 
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # the standard attribute: devices under one PCIe root complex
+
+
+def pcie_root(device: Device, body: Mapping[str, Any]) -> str | None:
+    """The device's PCIe root as its driver publishes it (resource.kubernetes.io/pcieRoot), or None."""
+    value = _attribute(body, PCIE_ROOT, device.driver)
+    return value if isinstance(value, str) and value else None
+
+
+def map_device(rule: Rule, node: str, device: Device, body: Mapping[str, Any]) -> str | None:
+    """The map device (a GPU index, or a UUID for an attribute rule on UUIDs) that `rule` turns
+    into `device` on `node`: the inverse of _matches, checked against it; None when no map device
+    names it."""
+    candidate: str | None = None
+    if rule.name:
+        match = _PLACEHOLDER.search(rule.name)
+        width = int(match.group(1) or 0) if match else 0
+        if match:
+            pattern = re.escape(rule.name[:match.start()]) + "([0-9]{1,9})" + re.escape(rule.name[match.end():])
+            found = re.fullmatch(pattern, device.name)
+            if found and (not width or len(found.group(1)) == max(width, len(str(int(found.group(1)))))):
+                candidate = str(int(found.group(1)))
+    elif rule.table:
+        have = _attribute(body, rule.attribute, device.driver)
+        if isinstance(have, (str, int)) and not isinstance(have, bool):
+            candidate = next((index for index, value in rule.table.get(node, {}).items() if value == str(have)), None)
+    else:
+        have = _attribute(body, rule.attribute, device.driver)
+        if isinstance(have, int) and not isinstance(have, bool) and have >= 0:
+            candidate = str(have)
+        elif isinstance(have, str):
+            candidate = have
+    if candidate is None or not _matches(rule, node, candidate, device, body):
+        return None
+    return candidate
+
+
 def rule_for(device_class_name: str, rules: Mapping[str, Rule], slices: Iterable[Mapping[str, Any]],
              node: str) -> tuple[str, Rule] | str:
     """(driver, rule) for a DeviceClass on a node, or why there is none."""

@@ -1,0 +1,387 @@
+"""What `kubectl gpu-scheduler suggest` writes, without I/O: a gpu-scheduling-map that gives every
+replica of an indexed workload N GPUs on one node, chosen from snapshots of the cluster's nodes,
+or exactly why none exists.
+
+Every entry is checked by bind's own framework (`Framework.decide`, PreFilter and Filter of the
+default profile) on the snapshot of its node, so bind's filters pass it at that moment. The
+framework does not refuse a device to another replica of the same workload (replicas of one
+workload may share), so the devices chosen for earlier replicas are taken out here, and each
+replica placed is added to its node's snapshot (its requests, host ports, devices; in DRA mode the
+devices its claim will hold) before the next one is chosen.
+
+Which devices a node offers: GPU indexes 0..nvidia.com/gpu-1 (its capacity); in DRA mode the
+devices its ResourceSlices publish, each as the map device bind's device rule turns into it, kept
+under one `resource.kubernetes.io/pcieRoot` per replica when the driver publishes that attribute.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from . import ANNOTATION
+from .devices import DRA, MODE_ANNOTATION
+from .fit import DEVICES_ANNOTATION, PodInfo
+from .framework.config import SchedulerConfig
+from .framework.interface import Status
+from .framework.runtime import Framework
+from .framework.snapshot import NodeSnapshot
+from .nodecheck import GPU_RESOURCE, gpu_capacity
+from .placement import metadata, spec
+from .plan import ManifestError, Workload, pod_for, pod_name
+from .plugins import dra
+from .plugins.dynamicresources import WANTED
+from .schedmap import MapError, parse_map
+
+SPREAD, PACK = "spread", "pack"
+STRATEGIES = (SPREAD, PACK)
+NO_GPUS = "NoGPUs"  # a node that offers no device at all (no nvidia.com/gpu; in DRA mode no slice)
+SHOWN_NODES = 8  # nodes a message names one by one; the rest are counted
+
+
+class SuggestError(ValueError):
+    """A request suggest cannot answer; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One replica's entry."""
+
+    index: int
+    pod: str
+    node: str
+    devices: tuple[str, ...]
+
+    @property
+    def entry(self) -> str:
+        return f"{self.index}={self.node}:{','.join(self.devices)}"
+
+
+@dataclass(frozen=True)
+class NodeFree:
+    """What one node offers a replica: the devices bind's filters pass one by one (`free`), and
+    when it offers none, the first refusal (`refusal`)."""
+
+    node: str
+    free: tuple[str, ...]
+    refusal: Status | None = None
+
+
+@dataclass(frozen=True)
+class Placed:
+    work: Workload
+    gpus: int
+    choices: tuple[Choice, ...]
+
+    @property
+    def map_text(self) -> str:
+        return "".join(f"{c.entry}\n" for c in self.choices)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Not every replica fits: which did, which did not, and what each node had free before
+    (`before`) and after the replicas that fit (`after`)."""
+
+    work: Workload
+    gpus: int
+    strategy: str
+    placed: tuple[Choice, ...]
+    unplaced: tuple[int, ...]
+    before: tuple[NodeFree, ...]
+    after: tuple[NodeFree, ...]
+    one_root: bool = False  # DRA: the driver publishes pcieRoot, so a replica's devices share one
+
+    @property
+    def message(self) -> str:
+        work, n = self.work, self.gpus
+        count = len(self.placed) + len(self.unplaced)
+        need = f"{count} replica{'s' if count != 1 else ''} x {n} GPU{'s' if n != 1 else ''}"
+        free = sum(len(f.free) for f in self.before)
+        where = _free_listing(self.before)
+        unplaced = ", ".join(map(str, self.unplaced[:SHOWN_NODES])) + (
+            f", ... ({len(self.unplaced)} in all)" if len(self.unplaced) > SHOWN_NODES else "")
+        together = f"{n} on one node" + (" under one PCIe root (resource.kubernetes.io/pcieRoot)" if self.one_root else "")
+        left = sum(len(f.free) for f in self.after)
+        text = (f"{work.kind} {work.namespace}/{work.name}: {need} = {count * n} GPU{'s' if count * n != 1 else ''} do not fit: {free} GPU"
+                f"{'s are' if free != 1 else ' is'} free now{': ' + where if where else ''}; each replica needs"
+                f" {together}. {len(self.placed)} of {count} replicas fit; "
+                + (f"index {unplaced} does not" if len(self.unplaced) == 1 else f"indexes {unplaced} do not"))
+        if self.placed:
+            text += f" (after the {len(self.placed)} that fit, {left} GPU{'s' if left != 1 else ''} left"
+            text += f": {_free_listing(self.after)})" if left else ")"
+        refused = _refusals(self.before)
+        if refused:
+            text += f"; no GPU free on {refused}"
+        return text
+
+
+def _free_listing(nodes: Iterable[NodeFree]) -> str:
+    offered = [f for f in nodes if f.free]
+    shown = [f"{f.node} {','.join(f.free)}" for f in offered[:SHOWN_NODES]]
+    if len(offered) > SHOWN_NODES:
+        shown.append(f"and {len(offered) - SHOWN_NODES} more nodes")
+    return "; ".join(shown)
+
+
+def _refusals(nodes: Iterable[NodeFree]) -> str:
+    """Nodes without a free GPU, grouped by the plugin that refused them: `node1, node2
+    (NodeAffinity: ...)`."""
+    groups: dict[str, list[NodeFree]] = {}
+    for f in nodes:
+        if not f.free and f.refusal is not None:
+            groups.setdefault(f.refusal.plugin or f.refusal.reason, []).append(f)
+    parts = []
+    for plugin, members in groups.items():
+        names = ", ".join(m.node for m in members[:SHOWN_NODES]) + (
+            f" and {len(members) - SHOWN_NODES} more" if len(members) > SHOWN_NODES else "")
+        parts.append(f"{names} ({plugin}: {members[0].refusal.message})")
+    return "; ".join(parts)
+
+
+Result = Placed | Shortfall
+
+
+# -- checks of the request ------------------------------------------------------------------------
+def check(work: Workload, gpus: int) -> None:
+    """SuggestError naming the fix for a request no map can answer."""
+    what = f"{work.kind} {work.namespace}/{work.name}"
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise SuggestError(f"--gpus {gpus}: each replica needs at least 1 GPU; give --gpus 1 or more")
+    if work.kind == "Pod":
+        raise SuggestError(f"{what}: a bare Pod is not a set of replicas; suggest places the replicas of a"
+                           " StatefulSet or of a Job with completionMode: Indexed")
+    if not work.indexed:
+        raise SuggestError(f"{what}: {work.counted}, so a map cannot name them; suggest places the replicas of a"
+                           " StatefulSet or of a Job with completionMode: Indexed")
+    if not work.indexes:
+        field = "spec.completions" if work.kind == "Job" else "spec.replicas"
+        raise SuggestError(f"{what}: {field} is 0, so there is nothing to place; set {field} to 1 or more")
+    scheduler = spec(work.template).get("schedulerName")
+    if scheduler != "gpu-scheduler":
+        raise SuggestError(f"{what}: spec.template.spec.schedulerName is {scheduler or 'not set'}, so bind would"
+                           " not place the replicas; set it to gpu-scheduler")
+
+
+def dra_mode(work: Workload) -> bool:
+    annotations = metadata(work.template).get("annotations") or {}
+    return isinstance(annotations, Mapping) and annotations.get(MODE_ANNOTATION) == DRA
+
+
+# -- the pods, as bind sees them --------------------------------------------------------------------
+def candidate_pod(work: Workload, index: int, entry: str) -> dict[str, Any]:
+    """Replica `index` of `work` as bind will see it, its map the one `entry`: named as its
+    controller names it and, in DRA mode, with the claim entry mutate adds."""
+    pod = pod_for(work, index)
+    meta = pod["metadata"]
+    meta["annotations"] = {**meta.get("annotations", {}), ANNOTATION: entry}
+    if not meta.get("name"):  # an Indexed Job's pod: named by the API server; the claim needs a name
+        meta["name"] = f"{meta.get('generateName') or work.name + '-'}suggest"
+    if dra_mode(work) and not dra.uses_dra(pod):
+        pod_spec = pod["spec"]
+        pod_spec["resourceClaims"] = [*(pod_spec.get("resourceClaims") or []),
+                                      {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(meta["name"])}]
+    return pod
+
+
+# -- what a node offers ------------------------------------------------------------------------------
+def _valid_map_device(device: str) -> bool:
+    try:
+        parse_map(f"0=n:{device}")
+    except MapError:
+        return False
+    return True
+
+
+def _device_order(device: str) -> tuple[int, int, str]:
+    return (0, int(device), "") if device.isdigit() else (1, 0, device)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The devices a node could give, as map devices, each with its group: one group for a
+    node's GPUs, or one per PCIe root in DRA mode when the driver publishes it. `why`: the node
+    offers nothing, and why."""
+
+    devices: tuple[str, ...] = ()
+    groups: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    dra_devices: Mapping[str, dra.Device] = dataclasses.field(default_factory=dict)
+    why: str = ""
+
+    @property
+    def by_root(self) -> bool:
+        return any(g is not None for g in self.groups.values())
+
+
+def offer(node: NodeSnapshot, in_dra: bool, device_class: str, rules: Mapping[str, dra.Rule]) -> Offer:
+    if node.node is None:
+        return Offer(why=f"node {node.name} does not exist")
+    if not in_dra:
+        capacity = gpu_capacity(node.node)
+        if not capacity:
+            return Offer(why=f"node {node.name} advertises no {GPU_RESOURCE}")
+        devices = tuple(str(i) for i in range(capacity))
+        return Offer(devices, {d: None for d in devices})
+    chosen = dra.rule_for(device_class, rules, node.slices, node.name)
+    if isinstance(chosen, str):
+        return Offer(why=chosen)
+    driver, rule = chosen
+    groups: dict[str, str | None] = {}
+    named: dict[str, dra.Device] = {}
+    published = dra.node_devices(node.slices, node.name, driver)
+    if not published:
+        return Offer(why=f"no ResourceSlice of node {node.name} publishes a device of driver {driver}"
+                         f" (DeviceClass {device_class})")
+    for device, body in published:
+        mapped = dra.map_device(rule, node.name, device, body)
+        if mapped is None or mapped in groups or not _valid_map_device(mapped):
+            continue
+        groups[mapped] = dra.pcie_root(device, body)
+        named[mapped] = device
+    if not groups:
+        return Offer(why=f"no device of driver {driver} on node {node.name} is named by a map device (device rule"
+                         f" of {device_class})")
+    return Offer(tuple(sorted(groups, key=_device_order)), groups, named)
+
+
+def pick(free: Sequence[str], groups: Mapping[str, str | None], count: int) -> tuple[str, ...] | None:
+    """`count` of the `free` devices, all of one group (one PCIe root, or the node's GPUs): of
+    the groups with enough free, the one with fewest (the rest stay together for larger
+    replicas), then the lowest devices of it. None when no group has `count` free."""
+    members: dict[str | None, list[str]] = {}
+    for device in sorted(free, key=_device_order):
+        members.setdefault(groups.get(device), []).append(device)
+    fitting = [devices for devices in members.values() if len(devices) >= count]
+    if not fitting:
+        return None
+    return tuple(min(fitting, key=len)[:count])
+
+
+# -- choosing ----------------------------------------------------------------------------------------
+class _Node:
+    """One node while suggest chooses: its snapshot with the replicas placed so far, the devices
+    given to them, and each device's verdict for a workload (kept until a replica is placed here)."""
+
+    def __init__(self, snapshot: NodeSnapshot, position: int):
+        # The manifest's pods and claims do not exist yet: no claim of theirs is read.
+        self.snapshot = dataclasses.replace(snapshot, claims={})
+        self.position = position
+        self.given: set[str] = set()
+        self.replicas = 0
+        self.verdicts: dict[tuple[str, str], Status] = {}
+
+    def take(self, pod: Mapping[str, Any], choice: Choice, wanted: dra.Wanted | None) -> None:
+        meta = dict(pod["metadata"])
+        meta["uid"] = f"suggested/{meta.get('namespace')}/{choice.pod}"
+        meta["annotations"] = {**meta.get("annotations", {}), DEVICES_ANNOTATION: ",".join(choice.devices)}
+        placed = {**pod, "metadata": meta, "spec": {**pod["spec"], "nodeName": choice.node}}
+        held = dict(self.snapshot.held)
+        for _, device in (wanted.requests if wanted else ()):
+            held[device] = f"{wanted.namespace}/{wanted.claim}"
+        self.snapshot = dataclasses.replace(self.snapshot, info=self.snapshot.info.plus(PodInfo.of(placed)), held=held)
+        self.given.update(choice.devices)
+        self.replicas += 1
+        self.verdicts.clear()  # the node changed: its devices are decided again
+
+
+def _verdict(framework: Framework, pod: Mapping[str, Any], node: _Node) -> tuple[Status, Any]:
+    decision = framework.decide(pod, lambda _: node.snapshot)
+    return decision.status, decision.state.read(WANTED)
+
+
+def _free(framework: Framework, work: Workload, index: int, node: _Node, offered: Offer) -> NodeFree:
+    """The devices of the node's offer that bind's filters pass for the workload one by one,
+    less those given already; with the first refusal when none passes."""
+    free, refusal = [], None
+    for device in offered.devices:
+        if device in node.given:
+            continue
+        key = (f"{work.kind}/{work.namespace}/{work.name}", device)
+        status = node.verdicts.get(key)
+        if status is None:
+            status, _ = _verdict(framework, candidate_pod(work, index, f"{index}={node.snapshot.name}:{device}"), node)
+            node.verdicts[key] = status
+        if status.ok:
+            free.append(device)
+        elif refusal is None:
+            refusal = status
+    if not offered.devices:
+        refusal = Status(plugin=NO_GPUS, message=offered.why or f"node {node.snapshot.name} offers no GPU",
+                         reason=NO_GPUS)
+    return NodeFree(node.snapshot.name, tuple(free), refusal if not free else None)
+
+
+def suggest(works: Sequence[Workload], gpus: int, strategy: str, snapshots: Sequence[NodeSnapshot],
+            framework: Framework, config: SchedulerConfig) -> list[Result]:
+    """A map for each workload (in order; later ones do not get devices earlier ones were given),
+    or its Shortfall. `snapshots`: the nodes to choose from, in the order to try them."""
+    if strategy not in STRATEGIES:
+        raise SuggestError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    nodes = [_Node(snapshot, position) for position, snapshot in enumerate(snapshots)]
+    results: list[Result] = []
+    for work in works:
+        check(work, gpus)
+        in_dra = dra_mode(work)
+        device_class = dra.device_class(work.template, config.dra_device_class)
+        offers = {n.snapshot.name: offer(n.snapshot, in_dra, device_class, config.dra_rules) for n in nodes}
+        first = work.indexes[0]
+        before = tuple(_free(framework, work, first, n, offers[n.snapshot.name]) for n in nodes)
+        counts = {n.snapshot.name: 0 for n in nodes}  # this workload's replicas on each node
+        placed: list[Choice] = []
+        unplaced: list[int] = []
+        for index in work.indexes:
+            choice = _place(framework, work, index, gpus, strategy, nodes, offers, counts)
+            (placed.append(choice) if choice else unplaced.append(index))
+        if unplaced:
+            after = tuple(_free(framework, work, unplaced[0], n, offers[n.snapshot.name]) for n in nodes)
+            results.append(Shortfall(work, gpus, strategy, tuple(placed), tuple(unplaced), before, after,
+                                     any(o.by_root for o in offers.values())))
+        else:
+            results.append(Placed(work, gpus, tuple(placed)))
+    return results
+
+
+def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy: str, nodes: list[_Node],
+           offers: Mapping[str, Offer], counts: dict[str, int]) -> Choice | None:
+    """Replica `index`'s entry: the first node in the strategy's order where `gpus` devices
+    pass bind's filters together; the node's snapshot then holds the replica."""
+    if strategy == SPREAD:  # fewest replicas of this workload first: one per node, round-robin
+        order = sorted(nodes, key=lambda n: (counts[n.snapshot.name], n.position))
+    else:  # fill a node before the next
+        order = sorted(nodes, key=lambda n: n.position)
+    for node in order:
+        offered = offers[node.snapshot.name]
+        free = _free(framework, work, index, node, offered).free
+        devices = pick(free, offered.groups, gpus)
+        if devices is None:
+            continue
+        entry = f"{index}={node.snapshot.name}:{','.join(devices)}"
+        pod = candidate_pod(work, index, entry)
+        status, wanted = _verdict(framework, pod, node)
+        if not status.ok:
+            continue
+        choice = Choice(index, pod_name(pod_for(work, index)), node.snapshot.name, devices)
+        node.take(pod, choice, wanted)
+        counts[node.snapshot.name] += 1
+        return choice
+    return None
+
+
+# -- the manifest ------------------------------------------------------------------------------------
+TEMPLATE_PATHS = {"StatefulSet": ("spec", "template"), "Job": ("spec", "template")}
+
+
+def annotate(obj: dict[str, Any], text: str) -> None:
+    """Write `text` as the gpu-scheduling-map of the workload `obj`'s pod template (in place)."""
+    template: Any = obj
+    for key in TEMPLATE_PATHS.get(str(obj.get("kind")), ()):
+        template = template.get(key) if isinstance(template, dict) else None
+    if not isinstance(template, dict):
+        raise ManifestError(f"{obj.get('kind')}: no pod template to annotate")
+    meta = template.get("metadata")
+    if not isinstance(meta, dict):
+        meta = template["metadata"] = {}
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = meta["annotations"] = {}
+    annotations[ANNOTATION] = text
