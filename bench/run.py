@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import hostile, scale
+from bench import hostile, scale, soak
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -634,6 +634,8 @@ def table(results: dict) -> str:
         rows.append("")
         rows.append("bind finding its own work: backlog drain, scale, API writes (bench/scale.py):")
         rows += scale.rows(results["scale"])
+    if "soak" in results:
+        rows += ["", *soak.rows(results["soak"])]
     return "\n".join(rows)
 
 
@@ -676,6 +678,7 @@ def main() -> int:
         results["dra_peers"] = dra_peers(stack, n if args.smoke else 300, reps)
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
     results["scale"] = scale.run(args.smoke, args.scale)
+    results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)
         results["real_nodes"] = real_nodes(1 if args.smoke else 3)
