@@ -14,7 +14,6 @@ from localcp import incluster
 from localcp.stack import LocalStack
 from tests.test_end_to_end import EXPECTED, statefulset
 from tests.test_nodes import placement_from_logs, running
-from tests.test_restart import Creator
 import tests.test_rbac as rbac  # as a module: its tests are not collected again here
 
 pytestmark = pytest.mark.controlplane
@@ -129,28 +128,3 @@ def test_each_account_can_do_exactly_what_it_needs(cluster_stack, account):
     """tests/test_rbac.py's SubjectAccessReviews, on this stack's API server."""
     rbac.test_each_account_can_do_what_it_needs(cluster_stack, account)
     rbac.test_each_account_can_do_nothing_else(cluster_stack, account)
-
-
-def test_mutate_rolled_to_a_new_pod_while_pods_are_created_admits_every_pod(cluster_stack):
-    """A rollout as Knative makes one for a new revision: a new mutate pod, ready, then the old one
-    deleted: the kubelet sends SIGTERM, mutate drains (readiness 503, answers with Connection:
-    close) while the endpoints drop it, then stops. The API server reaches mutate through its
-    Service, so this is the path where an endpoint dropped late, or a kept-alive connection to the
-    old pod, would fail a creation. Pods created at a steady rate meanwhile (dry run: the webhook
-    runs, nothing is stored) are all admitted with mutate's patch. Last in the module: it replaces
-    mutate's pod."""
-    stack = cluster_stack
-    old = function_pod(stack, "mutate")["metadata"]["name"]
-    namespace = stack.create_namespace("rollout")
-    with Creator(stack, namespace, dry_run=True) as creator:
-        creator.wait_for(20)
-        stack.cp.kubectl("rollout", "restart", "-n", incluster.NAMESPACE, "deployment/mutate")
-        stack.cp.kubectl("rollout", "status", "-n", incluster.NAMESPACE, "deployment/mutate", "--timeout=180s")
-        stack.wait_for(lambda: old not in {p["metadata"]["name"] for p in stack.pods(incluster.NAMESPACE, "app=mutate")},
-                       120, f"the old mutate pod {old} gone", interval=0.5)
-        creator.wait_for(len(creator.created) + len(creator.failed) + 20)
-    assert creator.failed == [], f"{len(creator.failed)} of {len(creator.created) + len(creator.failed)} creations failed"
-    unpatched = [p["metadata"]["name"] for p in creator.created
-                 if p["metadata"].get("labels", {}).get("gpu-scheduler/managed") != "true"]
-    assert unpatched == [], "admitted without mutate's patch"
-    stack.cp.kubectl("delete", "namespace", "rollout", "--wait=false")

@@ -28,11 +28,8 @@ def rolling_stack():
 class Creator:
     """Creates pods with a map at a steady rate until stopped; counts what failed."""
 
-    def __init__(self, stack: LocalStack, namespace: str, dry_run: bool = False):
-        """dry_run: every admission step runs, the webhook included, and nothing is stored (for
-        real nodes, which would otherwise try to run each pod)."""
+    def __init__(self, stack: LocalStack, namespace: str):
         self.stack, self.namespace = stack, namespace
-        self.options = {"dry_run": "All"} if dry_run else {}
         self.created: list[dict] = []
         self.failed: list[str] = []
         self._stop = threading.Event()
@@ -45,8 +42,7 @@ class Creator:
                    "metadata": {"name": f"r-{i}", "annotations": {"gpu-scheduling-map": f"{i}=node1:0"}},
                    "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "busybox"}]}}
             try:
-                answer = self.stack.api.create_namespaced_pod(self.namespace, pod, _preload_content=False,
-                                                              **self.options)
+                answer = self.stack.api.create_namespaced_pod(self.namespace, pod, _preload_content=False)
                 self.created.append(json.loads(answer.data))
             except ApiException as error:
                 self.failed.append(f"r-{i}: {error.status} {str(error.body)[:300]}")
