@@ -29,7 +29,8 @@ environment, PORT), plus what long-lived clients need:
   15 + 10 s stay within Kubernetes' default 30 s grace period. A second SIGTERM changes nothing;
   SIGINT or SIGQUIT stop at once, as in gunicorn.
 - **reuse_port**: a new server can listen on the port while the old one drains (a restart in
-  place, as the local control plane does it; in a pod each revision has its own address). A
+  place, as the local control plane does it; in a pod each revision has its own address, and
+  Linux lets only processes of the same user share a port: in a pod, the function's own). A
   stopping worker accepts what is already queued on its listener and closes it before it
   finishes its requests (DrainingWorker), so that new connections go to the new server instead of
   waiting in a queue nobody accepts from.
