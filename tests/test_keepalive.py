@@ -244,41 +244,51 @@ def test_a_kept_alive_connection_idle_10_s_then_95_s_gets_every_answer(idle_outc
 
 
 # -- SIGTERM: drain, then stop ----------------------------------------------------------------------
-def _image_mutate(drain_seconds: float) -> Served:
+def _image(name: str, drain_seconds: float, kubeconfig: Path) -> Served:
+    """The function's image entry point as Knative runs it (plain HTTP on PORT); bind with an API
+    server that refuses connections, asked /health/liveness instead of a review."""
     port = free_port()
-    entrypoint = images.read_dockerfile(REPO / "Dockerfile.mutate").entrypoint
-    served = Served("mutate-image", entrypoint, {**_knative_env("mutate"), "PORT": str(port),
-                                                  "DRAIN_SECONDS": str(drain_seconds)}, port, False)
+    entrypoint = images.read_dockerfile(REPO / f"Dockerfile.{name}").entrypoint
+    env = {**_knative_env(name), "PORT": str(port), "DRAIN_SECONDS": str(drain_seconds), "KUBECONFIG": str(kubeconfig)}
+    bind = name == "bind"
+    served = Served(f"{name}-image", entrypoint, env, port, False,
+                    path="/health/liveness" if bind else "/", body=None if bind else REVIEW)
     served.wait_ready(None)
     return served
 
 
-def test_sigterm_drains_then_stops_by_itself():
+@pytest.mark.parametrize("name", ["mutate", "bind"])
+def test_sigterm_drains_then_stops_by_itself(name, unreachable_kubeconfig):
     """As Kubernetes stops a pod: SIGTERM to the image's process 1. For DRAIN_SECONDS (20 here) it
-    answers readiness 503 and answers reviews, on a connection kept alive from before and on new
-    ones, each with Connection: close; then it stops by itself, and the port is closed."""
-    served = _image_mutate(drain_seconds=20)
+    answers readiness 503 ("draining") and answers requests, on a connection kept alive from before
+    and on new ones, each with Connection: close; then it stops by itself, and the port is closed."""
+    served = _image(name, 20, unreachable_kubeconfig)
     try:
         kept = served.connection(None)
         assert request(kept, served) == "answered"
         kept.auto_open = 0
         os.kill(served.process.pid, signal.SIGTERM)  # the master only, as the kubelet signals process 1
 
-        def readiness() -> int:
+        def readiness() -> tuple[int, bytes]:
             connection = served.connection(None, timeout=5)
             try:
                 connection.request("GET", "/health/readiness")
-                return connection.getresponse().status
+                response = connection.getresponse()
+                return response.status, response.read()
             finally:
                 connection.close()
         deadline = time.monotonic() + 15
-        while (status := readiness()) == 200 and time.monotonic() < deadline:
+        while not (answer := readiness())[1].startswith(b"draining") and time.monotonic() < deadline:
             time.sleep(0.05)  # until the master has handled the signal
-        assert status == 503
-        kept.request("POST", "/", REVIEW, {"Content-Type": "application/json"})
-        answer = kept.getresponse()
-        assert answer.status == 200 and json.loads(answer.read())["response"]["allowed"] is True
-        assert answer.getheader("Connection") == "close", "a kept-alive client is told to reconnect"
+        assert answer[0] == 503 and answer[1].startswith(b"draining"), answer
+        if served.body is None:
+            kept.request("GET", served.path)
+        else:
+            kept.request("POST", served.path, served.body, {"Content-Type": "application/json"})
+        response = kept.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+        assert response.getheader("Connection") == "close", "a kept-alive client is told to reconnect"
         fresh = served.connection(None)
         assert request(fresh, served) == "answered", "new connections are still served while draining"
         assert served.process.wait(timeout=90) == 0, "it stops by itself once drained"
