@@ -25,7 +25,7 @@ done
 mount -o remount,bind,ro / || exit 90
 touch /tmp/writable 2>/dev/null && exit 91
 cd "$REPO"
-eval "$ENTRYPOINT" >/dev/shm/log 2>&1 &
+eval "exec $ENTRYPOINT" >/dev/shm/log 2>&1 &
 for _ in $(seq 60); do
   code=$("$PY" -c "import urllib.request,sys
 try: print(urllib.request.urlopen('http://127.0.0.1:$PORT/health/liveness', timeout=1).status)
