@@ -138,7 +138,7 @@ class Server:
     def __init__(self, target: str, env: dict[str, str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        base = {**os.environ, "PYTHONPATH": str(REPO), "LOG_LEVEL": "WARNING", **env}
+        base = {**os.environ, "PYTHONPATH": str(REPO), "LOG_LEVEL": "WARNING", "DRAIN_SECONDS": "0", **env}
         if target == "mutate":
             app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
             command = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}", "--no-control-socket",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import framework, hostile, scale
+from bench import framework, hostile, scale, soak
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -640,6 +640,8 @@ def table(results: dict) -> str:
         rows.append("")
         rows.append("bind finding its own work: backlog drain, scale, API writes (bench/scale.py):")
         rows += scale.rows(results["scale"])
+    if "soak" in results:
+        rows += ["", *soak.rows(results["soak"])]
     return "\n".join(rows)
 
 
@@ -689,6 +691,7 @@ def main() -> int:
         results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
                                                              args.before)
     results["scale"] = scale.run(args.smoke, args.scale)
+    results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)
         results["real_nodes"] = real_nodes(1 if args.smoke else 3)

@@ -62,13 +62,11 @@ def deployment(name: str) -> dict:
     user, group = images.read_dockerfile(images.FUNCTIONS[name][0]).user.split(":")
     pod["securityContext"] = {**pod.get("securityContext", {}), "runAsUser": int(user), "runAsGroup": int(group)}
     if tls:
-        # gunicorn as functions-framework configures it (functions_framework/_http/gunicorn.py)
-        # and with the settings of the shipped env (WORKERS, THREADS), plus the certificate.
-        container["command"] = [
-            "gunicorn", "--bind", f"0.0.0.0:{PORT}", "--workers", "$(WORKERS)", "--threads", "$(THREADS)",
-            "--worker-class", "gthread", "--timeout", "0", "--limit-request-line", "0", "--no-control-socket",
-            "--certfile", f"{TLS_DIR}/tls.crt", "--keyfile", f"{TLS_DIR}/tls.key",
-            'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")']
+        # The image's entry point (gunicorn with gpu_scheduler/gunicorn_config.py: WORKERS,
+        # THREADS and PORT from the shipped env) plus the certificate.
+        entrypoint = images.read_dockerfile(images.FUNCTIONS[name][0]).entrypoint
+        container["command"] = [*entrypoint[:-1], "--certfile", f"{TLS_DIR}/tls.crt",
+                                "--keyfile", f"{TLS_DIR}/tls.key", entrypoint[-1]]
         container["volumeMounts"] = [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}]
         pod["volumes"] = [{"name": "tls", "secret": {"secretName": TLS_SECRET}}]
     labels = {"app": name}

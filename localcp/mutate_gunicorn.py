@@ -1,6 +1,8 @@
 """gunicorn settings for mutate where this repository serves it with gunicorn directly (the local
-control plane, for TLS; the bench): the same values the images get from their environment
-(knative/mutate-service.yaml, functions/mutate/func.yaml), read from the same variables.
+control plane, for TLS; the bench): the images' own (gpu_scheduler/gunicorn_config.py: keep-alive
+past the API server's 90 s idle connections, the drain on SIGTERM, reuse_port for a restart in
+place), with mutate's values of WORKERS and THREADS when the environment does not set them
+(knative/mutate-service.yaml, functions/mutate/func.yaml set the same).
 
 - WORKERS=1: one process. A second would have its own caches and its own gate for heavy bodies,
   so twice the memory and twice the heavy work at once (not measured: the figures below are for 1).
@@ -15,7 +17,7 @@ control plane, for TLS; the bench): the same values the images get from their en
 """
 import os
 
+from gpu_scheduler.gunicorn_config import *  # noqa: F401,F403  (settings and hooks)
+
 workers = int(os.environ.get("WORKERS", "1"))
 threads = int(os.environ.get("THREADS", "12"))
-worker_class = "gthread"
-loglevel = "error"

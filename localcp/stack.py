@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import ssl
+import subprocess
 import sys
 import time
 import urllib.request
@@ -36,11 +38,15 @@ BIND_ACCOUNT = ("gpu-scheduler", "bind")
 
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
-                 in_cluster: bool = False, **source_options):
+                 in_cluster: bool = False, mutate_drain_seconds: float = 0, **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
-        mutate run as pods on those real nodes (see the module's docstring)."""
+        mutate run as pods on those real nodes (see the module's docstring).
+        mutate_drain_seconds: how long mutate drains on SIGTERM (DRAIN_SECONDS); 0 by default, as
+        for bind: nothing here routes by readiness, and a stack stops faster without it."""
+        self.mutate_drain_seconds = mutate_drain_seconds
+        self._mutates = 0
         real_nodes = real_nodes or in_cluster
         self.cp = ControlPlane(kubelets=node_addresses() if real_nodes else None)
         self.real_nodes = real_nodes
@@ -110,18 +116,48 @@ class LocalStack:
     def _start_mutate(self) -> None:
         d = self.cp.workdir
         self.webhook_ca = pki.make_ca(d, "webhook-ca")
-        key, crt = pki.make_cert(d, "mutate", self.webhook_ca, "/CN=mutate",
-                                 sans=("IP:127.0.0.1", "DNS:localhost"))
-        # functions-framework has no TLS option; gunicorn serves its app over TLS instead.
+        self.mutate_cert = pki.make_cert(d, "mutate", self.webhook_ca, "/CN=mutate",
+                                         sans=("IP:127.0.0.1", "DNS:localhost"))
+        self.mutate_process = self._spawn_mutate()
+
+    @staticmethod
+    def mutate_command(binds: list[str], cert: tuple[Path, Path]) -> list[str]:
+        """mutate as this stack serves it: functions-framework has no TLS option, so gunicorn
+        serves its app over TLS, with localcp/mutate_gunicorn.py (the images' settings)."""
+        key, crt = cert
         app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
-        self.cp._spawn("mutate", [
-            PYTHON, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.mutate_port}", "--certfile", str(crt),
-            "--keyfile", str(key), "--no-control-socket", "--config", "python:localcp.mutate_gunicorn",
-            "--chdir", str(REPO), app,
-        ], env=self._function_env())
+        return [PYTHON, "-m", "gunicorn", "--config", "python:localcp.mutate_gunicorn",
+                *(f"--bind={address}" for address in binds), "--certfile", str(crt), "--keyfile", str(key),
+                "--chdir", str(REPO), app]
+
+    def _spawn_mutate(self) -> str:
+        """A mutate process on the webhook's port, ready; its name. It listens on a port of its own
+        too, where its readiness is read: the webhook's port may be shared with another mutate
+        (reuse_port, during a restart)."""
+        self._mutates += 1
+        name = "mutate" if self._mutates == 1 else f"mutate-{self._mutates}"
+        own = free_port()
+        self.cp._spawn(name, self.mutate_command([f"127.0.0.1:{self.mutate_port}", f"127.0.0.1:{own}"], self.mutate_cert),
+                       env=self._function_env(DRAIN_SECONDS=str(self.mutate_drain_seconds)))
         context = ssl.create_default_context(cafile=str(self.webhook_ca[1]))
-        self.cp._wait("mutate", lambda: self._get(f"{self.mutate_url}/health/readiness", context) == 200,
+        self.cp._wait(name, lambda: self._get(f"https://127.0.0.1:{own}/health/readiness", context) == 200,
                       "/health/readiness")
+        return name
+
+    def restart_mutate(self) -> None:
+        """mutate rolled to a new process, as a rollout does it: the new one started and ready on
+        the same port (reuse_port), then SIGTERM to the old one, which drains for
+        mutate_drain_seconds and stops; returns once it has exited."""
+        old = self.mutate_process
+        self.mutate_process = self._spawn_mutate()
+        process = self.cp.processes.pop(old)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=self.mutate_drain_seconds + 30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise ProcessFailed(f"{old} still running {self.mutate_drain_seconds + 30:g} s after SIGTERM:\n"
+                                f"{self.cp.log_tail(old)}") from None
 
     @staticmethod
     def _get(url: str, context=None) -> int:
@@ -132,6 +168,7 @@ class LocalStack:
     def _function_env(**extra: str) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
         env.setdefault("LOG_LEVEL", "INFO")
+        env.setdefault("DRAIN_SECONDS", "0")  # see __init__'s mutate_drain_seconds
         return env
 
     def webhook_configuration(self) -> dict:
@@ -224,14 +261,21 @@ class LocalStack:
         self.start_bind("bind", self.bind_port)
 
     def start_bind(self, name: str, port: int, tree: Path = REPO, kubeconfig: Path | None = None) -> str:
-        """bind from `tree` (its functions/ and core, e.g. an older revision's), served by
-        functions-framework as the bind account (or as `kubeconfig` says: an older revision needs
-        its own grant), ready; its URL. Stopped with the stack."""
-        self.cp._spawn(name, [
-            PYTHON, "-m", "functions_framework", "--target", "bind", "--source",
-            str(tree / "functions" / "bind" / "main.py"), "--host", "127.0.0.1", "--port", str(port),
-        ], env={**self._function_env(KUBECONFIG=str(kubeconfig or self.bind_kubeconfig)), "PYTHONPATH": str(tree)},
-           cwd=str(tree))  # `python -m` puts the working directory first on sys.path: the tree's core, not ours
+        """bind from `tree` (its functions/ and core, e.g. an older revision's), served as its
+        image serves it (gunicorn with gpu_scheduler/gunicorn_config.py; a revision older than that
+        file by functions-framework's CLI, as its image did) as the bind account (or as
+        `kubeconfig` says: an older revision needs its own grant), ready; its URL. Stopped with
+        the stack."""
+        source = str(tree / "functions" / "bind" / "main.py")
+        if (tree / "gpu_scheduler" / "gunicorn_config.py").exists():
+            argv = [PYTHON, "-m", "gunicorn", "--config", "python:gpu_scheduler.gunicorn_config",
+                    f"--bind=127.0.0.1:{port}", f'functions_framework:create_app(target="bind", source="{source}")']
+        else:
+            argv = [PYTHON, "-m", "functions_framework", "--target", "bind", "--source", source,
+                    "--host", "127.0.0.1", "--port", str(port)]
+        self.cp._spawn(name, argv, env={**self._function_env(KUBECONFIG=str(kubeconfig or self.bind_kubeconfig)),
+                                        "PYTHONPATH": str(tree)},
+                       cwd=str(tree))  # `python -m` puts the working directory first on sys.path: the tree's core, not ours
         url = f"http://127.0.0.1:{port}"
         self.cp._wait(name, lambda: self._get(f"{url}/health/readiness") == 200, "/health/readiness")
         return url

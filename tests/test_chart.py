@@ -250,7 +250,11 @@ def test_direct_service_path(helm, values):
     assert [c["name"] for c in pod["containers"] if c.get("ports")] == ["mutate"]
     assert f"--bind=0.0.0.0:{port}" in tls["args"]
     probe = tls["readinessProbe"]
-    assert list(probe) == ["exec"] and probe["exec"]["command"][-1] == str(port), "kept by Knative, run by the kubelet"
+    assert "exec" in probe and not {"httpGet", "tcpSocket", "grpc"} & set(probe), "kept by Knative, run by the kubelet"
+    assert probe["exec"]["command"][-1] == str(port) and "/health/readiness" in probe["exec"]["command"][2], \
+        "mutate's readiness: it fails while mutate drains after a SIGTERM"
+    # The drain (gpu_scheduler/gunicorn_config.py, DRAIN_SECONDS 15) outlasts the probe's failing.
+    assert probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"] < 15
     [mount] = tls["volumeMounts"]
     [volume] = pod["volumes"]
     assert volume == {"name": mount["name"], "secret": {"secretName": certificate["spec"]["secretName"]}}
@@ -298,7 +302,8 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
     probe = [sys.executable if part == "python" else part for part in tls["readinessProbe"]["exec"]["command"][:-1]] + [str(port)]
     assert subprocess.run(probe, capture_output=True, timeout=30).returncode != 0, "not ready before gunicorn listens"
     server = subprocess.Popen([sys.executable, "-m", "gunicorn", *args], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env={**os.environ, **variables, "PYTHONPATH": str(REPO)})
+                              stderr=subprocess.STDOUT,  # DRAIN_SECONDS 0: stopped at once at the end
+                              env={**os.environ, **variables, "PYTHONPATH": str(REPO), "DRAIN_SECONDS": "0"})
     try:
         context = ssl.create_default_context(cafile=str(ca[1]))
         pod = {"apiVersion": "v1", "kind": "Pod",

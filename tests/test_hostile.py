@@ -585,7 +585,7 @@ def gunicorn_mutate():
     process = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--no-control-socket",
          "--config", "python:localcp.mutate_gunicorn", "--chdir", str(REPO), app],
-        env={**os.environ, "PYTHONPATH": str(REPO), "BODY_TIMEOUT_SECONDS": "1"}, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "BODY_TIMEOUT_SECONDS": "1", "DRAIN_SECONDS": "0"}, cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:

@@ -46,7 +46,7 @@ def test_the_function_dockerfiles_read_as_docker_reads_them():
         assert spec.env["PATH"] == "/opt/venv/bin:" + images.DEFAULT_PATH  # ENV PATH=/opt/venv/bin:$PATH
         assert spec.env["TMPDIR"] == "/dev/shm" and spec.env["PIP_NO_CACHE_DIR"] == "1"  # inherited from base
         assert (spec.workdir, spec.user, spec.exposed) == ("/app", "65532:65532", ["8080/tcp"])
-        assert spec.entrypoint[:3] == ["functions-framework", "--target", name]
+        assert spec.entrypoint[:3] == ["gunicorn", "--config", "python:gpu_scheduler.gunicorn_config"]
         # The build context is the repository less .dockerignore: no func.yaml, no bytecode.
         assert "func.yaml" not in [rel for rel, _ in images.context_files(f"functions/{name}")]
         assert images.in_context("gpu_scheduler/schedmap.py") and not images.in_context("gpu_scheduler/__pycache__/x.pyc")
@@ -137,7 +137,7 @@ def test_the_built_function_image_is_what_its_dockerfile_says(name):
     base, python_link, venv, app = image.layers()
     with tarfile.open(fileobj=io.BytesIO(venv)) as layer:
         names = set(layer.getnames())
-        assert "opt/venv/bin/functions-framework" in names and "opt/venv/pyvenv.cfg" in names
+        assert "opt/venv/bin/gunicorn" in names and "opt/venv/pyvenv.cfg" in names
         assert any(n.startswith("opt/venv/lib/python3.11/site-packages/gpu_scheduler/") for n in names)
         assert any(n.startswith("opt/venv/lib/python3.11/site-packages/kubeapi/") for n in names) == (name == "bind")
         assert {m.uid for m in layer.getmembers()} == {0} and {m.mtime for m in layer.getmembers()} == {0}

@@ -419,7 +419,10 @@ def test_dockerfile_is_pinned_small_and_non_root(name):
 def test_function_dockerfile_runs_the_function(name):
     steps = instructions(REPO / f"Dockerfile.{name}")
     [entrypoint] = [yaml.safe_load(args) for op, args in steps if op == "ENTRYPOINT"]
-    assert entrypoint == ["functions-framework", "--target", name, "--source", f"functions/{name}/main.py"]
+    # functions-framework's app under gunicorn with the settings long-lived clients need, which
+    # functions-framework's CLI cannot be given (gpu_scheduler/gunicorn_config.py).
+    assert entrypoint == ["gunicorn", "--config", "python:gpu_scheduler.gunicorn_config",
+                          f'functions_framework:create_app(target="{name}", source="functions/{name}/main.py")']
     copies = [args for op, args in steps if op == "COPY"]
     assert f"functions/{name}/requirements.txt /tmp/requirements.txt" in copies
     assert "gpu_scheduler /src/gpu_scheduler" in copies, "the core package goes into the image"

@@ -4,13 +4,16 @@ private mount namespace whose / is remounted read-only and /dev/shm is a fresh t
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO, free_port
+from localcp import images
 
 SCRIPT = r"""
 set -u
@@ -22,7 +25,7 @@ done
 mount -o remount,bind,ro / || exit 90
 touch /tmp/writable 2>/dev/null && exit 91
 cd "$REPO"
-"$PY" -m functions_framework --target "$TARGET" --source "functions/$TARGET/main.py" --port "$PORT" >/dev/shm/log 2>&1 &
+eval "exec $ENTRYPOINT" >/dev/shm/log 2>&1 &
 for _ in $(seq 60); do
   code=$("$PY" -c "import urllib.request,sys
 try: print(urllib.request.urlopen('http://127.0.0.1:$PORT/health/liveness', timeout=1).status)
@@ -35,9 +38,14 @@ kill %1 2>/dev/null; tail -3 /dev/shm/log; exit 1
 
 
 def run_read_only(target: str, tmpdir: str | None, kubeconfig) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "REPO": str(REPO), "PY": sys.executable, "TARGET": target,
-           "PORT": str(free_port()), "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1",
-           "HOME": "/nonexistent", "KUBECONFIG": str(kubeconfig)}
+    """The image's ENTRYPOINT (the venv's gunicorn first on PATH, as /opt/venv/bin is in the image),
+    from the repository root (the image's /app holds the same paths). DRAIN_SECONDS 0: the script's
+    kill stops it at once."""
+    entrypoint = images.read_dockerfile(REPO / f"Dockerfile.{target}").entrypoint
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "REPO": str(REPO), "PY": sys.executable,
+           "ENTRYPOINT": shlex.join(entrypoint), "PORT": str(free_port()), "PYTHONPATH": str(REPO),
+           "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/nonexistent", "KUBECONFIG": str(kubeconfig),
+           "DRAIN_SECONDS": "0"}
     if tmpdir:
         env["TMPDIR"] = tmpdir
     return subprocess.run(["unshare", "-m", "bash", "-c", SCRIPT], env=env, capture_output=True, text=True,

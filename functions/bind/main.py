@@ -19,7 +19,7 @@ from cloudevents.http import CloudEvent, from_http
 from flask import Request
 
 from authn import SinkAuthenticator, Unavailable
-from gpu_scheduler import fastpath, jsonlog
+from gpu_scheduler import draining, fastpath, jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
 from gpu_scheduler.schedmap import shown
 from gpu_scheduler.sinkauth import Unauthenticated
@@ -64,6 +64,8 @@ def _handle(request: Request):
     if request.path == "/health/liveness":
         return "ok\n", 200
     if request.path == "/health/readiness":
+        if draining.draining():  # after a SIGTERM: gpu_scheduler/gunicorn_config.py
+            return "draining\n", 503
         readiness = placer.readiness()
         return ("ok\n", 200) if readiness.ready else (f"not ready: {readiness.message}\n", 503)
     if request.path == "/metrics":

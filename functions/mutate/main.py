@@ -12,7 +12,7 @@ import functions_framework
 import prometheus_client as prom
 from flask import Request
 
-from gpu_scheduler import fastpath, jsonlog
+from gpu_scheduler import draining, fastpath, jsonlog
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
 
@@ -65,6 +65,9 @@ def mutate(request: Request):
         return _error(503, "internal error in mutate")
 
 def _handle(request: Request):
+    if request.path == "/health/readiness" and draining.draining():
+        # After a SIGTERM (gpu_scheduler/gunicorn_config.py): still answering, no longer ready.
+        return "draining: stopping once endpoints have dropped this server\n", 503
     if request.path in HEALTH:
         return "ok\n", 200  # stateless, configured at import: ready as soon as it serves
     if request.path == "/metrics":

@@ -78,7 +78,7 @@ securityContext:
   value: {{ .Values.logLevel | quote }}
 - name: DEVICE_ENV_MODE
   value: {{ .Values.deviceEnvMode | quote }}
-# functions-framework's server settings
+# gunicorn's workers and threads (gpu_scheduler/gunicorn_config.py reads them, as functions-framework does)
 - name: WORKERS
   value: {{ .Values.mutate.workers | quote }}
 - name: THREADS
