@@ -50,8 +50,10 @@ def scheduler_events(stack, namespace: str, pod: str) -> list[dict]:
 def test_a_missing_records_namespace_is_named_not_taken_for_a_gone_pod(stack, namespace):
     missing = f"records-{namespace}"[:60].rstrip("-")
     with only(stack, KUBECONFIG=str(stack.cp.kubeconfig), GPU_SCHEDULER_NAMESPACE=missing) as bind:
-        status, body = stack.wait_for(lambda: (r := readiness(bind))[0] == 503 and missing in r[1] and r, 30,
-                                      "readiness naming the namespace")
+        # (while its first check runs, readiness says it is checking: wait for the verdict)
+        status, body = stack.wait_for(lambda: (r := readiness(bind))[0] == 503 and "does not exist" in r[1] and r,
+                                      30, "readiness naming the namespace")
+        assert missing in body
         assert "GPU_SCHEDULER_NAMESPACE" in body and f"kubectl create namespace {missing}" in body
         stack.apply(pod_manifest(namespace, "first-0", "0=node1:3\n"))
         [event] = stack.wait_for(lambda: scheduler_events(stack, namespace, "first-0"), 30, "a FailedScheduling Event")
@@ -76,9 +78,9 @@ def test_no_rbac_for_leases_in_the_records_namespace_is_named(stack, namespace):
     """bind's own ServiceAccount, whose Role for Leases is in gpu-scheduler, told to keep its
     records in another namespace."""
     with only(stack, KUBECONFIG=str(stack.bind_kubeconfig), GPU_SCHEDULER_NAMESPACE=namespace) as bind:
-        status, body = stack.wait_for(lambda: (r := readiness(bind))[0] == 503 and "leases" in r[1] and r, 30,
+        status, body = stack.wait_for(lambda: (r := readiness(bind))[0] == 503 and "forbidden" in r[1] and r, 30,
                                       "readiness naming the Leases")
-        assert "forbidden" in body and namespace in body
+        assert "leases" in body and namespace in body
 
 
 def test_a_kubeconfig_context_that_does_not_exist_is_named(stack, tmp_path):
