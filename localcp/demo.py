@@ -4,12 +4,19 @@ nodes (kubelet + containerd each), the webhook, the event source and bind.
 `make demo DRA=1` (--dra): the seed in DRA mode. Each replica gets a ResourceClaim that bind
 allocates to exactly its map entry's devices, published by Kubernetes' DRA test driver on each
 node, and the kubelet prepares it (CDI) before the container starts. The seed gives node4's device
-3 to index 3 and 4; a device belongs to one claim, so in DRA mode index 4 takes device 2."""
+3 to index 3 and 4; a device belongs to one claim, so in DRA mode index 4 takes device 2.
+
+`make demo GANG=1` (--gang): the seed as a gang (docs/gangs.md), all or nothing. A workload that
+holds node4's GPU 3 runs first; the seed then applied with `gpu-scheduler/gang: "true"` stays
+wholly unbound, each member with bind's FailedScheduling Event naming the holder, until the holder
+is deleted; then all five are placed and Running. The demo fails (exit 1) if a member of the gang
+is bound while the holder is there."""
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import re
 import sys
 import time
 
@@ -22,17 +29,36 @@ SEED = REPO / "check" / "statefulset.yaml"
 SELECTOR = "app=gpu-scheduler-check"
 DRA_CHANGES = {"gpu-scheduler/device-env": "dra", "gpu-scheduler/device-class": "test-driver.cdi.k8s.io"}
 DRA_INDEX_4 = ("4=node4:3", "4=node4:2")
+GANG = {"gpu-scheduler/gang": "true"}
+HOLDER = "gpu-holder"  # --gang: the workload that holds node4's GPU 3 first
+HOLDER_MAP = "0=node4:3\n"
+SEED_NAME = "gpu-scheduler-check"
 
 
-def seed(dra: bool) -> str:
-    """The seed as applied: unchanged, or in DRA mode (two annotations, index 4 on device 2)."""
-    if not dra:
+def seed(dra: bool, gang: bool = False) -> str:
+    """The seed as applied: unchanged, or in DRA mode (two annotations, index 4 on device 2), or
+    as a gang (one annotation)."""
+    if not dra and not gang:
         return SEED.read_text()
     manifest = yaml.safe_load(SEED.read_text())
     annotations = manifest["spec"]["template"]["metadata"]["annotations"]
-    annotations.update(DRA_CHANGES)
-    annotations["gpu-scheduling-map"] = annotations["gpu-scheduling-map"].replace(*DRA_INDEX_4)
+    if dra:
+        annotations.update(DRA_CHANGES)
+        annotations["gpu-scheduling-map"] = annotations["gpu-scheduling-map"].replace(*DRA_INDEX_4)
+    if gang:
+        annotations.update(GANG)
     return json.dumps(manifest)
+
+
+def holder() -> dict:
+    """The seed's StatefulSet renamed gpu-holder, one replica, map 0=node4:3: another workload,
+    placed by bind, that holds node4's GPU 3."""
+    manifest = yaml.safe_load(SEED.read_text())
+    manifest["metadata"] = {"name": HOLDER, "namespace": "default", "labels": {"app": HOLDER}}
+    spec = manifest["spec"]
+    spec.update(replicas=1, serviceName=HOLDER, selector={"matchLabels": {"app": HOLDER}})
+    spec["template"]["metadata"] = {"labels": {"app": HOLDER}, "annotations": {"gpu-scheduling-map": HOLDER_MAP}}
+    return manifest
 
 
 def suggested(stack: LocalStack) -> str:
@@ -55,10 +81,110 @@ def running(stack: LocalStack, count: int) -> list[dict] | None:
     return pods if len(pods) == count and len(up) == count else None
 
 
+class GangBroken(Exception):
+    """A member of the gang was bound while the holder held GPU 3: not all or nothing."""
+
+
+def gang_events(stack: LocalStack, pods: list[dict]) -> dict[str, dict]:
+    """Each member's newest FailedScheduling Event that speaks of the gang, by pod name."""
+    events = json.loads(stack.cp.get("/api/v1/namespaces/default/events?fieldSelector=reason%3DFailedScheduling"))
+    uids = {p["metadata"]["uid"]: p["metadata"]["name"] for p in pods}
+    found: dict[str, dict] = {}
+    for event in events["items"]:
+        name = uids.get(event["involvedObject"].get("uid"))
+        if name and event["message"].startswith(f"gang default/{SEED_NAME}: "):
+            if name not in found or (event.get("lastTimestamp") or "") >= (found[name].get("lastTimestamp") or ""):
+                found[name] = event
+    return found
+
+
+def gang_waiting(stack: LocalStack, holder_pod: str) -> tuple[list[dict], dict[str, dict]]:
+    """Polls until all five members exist, none bound, each with bind's gang Event naming the
+    holder; raises GangBroken as soon as a member is bound."""
+    expected = re.compile(rf"gang default/{SEED_NAME}: \d+ of 5 members placeable; member {SEED_NAME}-\d+: "
+                          rf"GPU 3 on node4 is held by .*{holder_pod}")
+
+    def waiting():
+        pods = stack.pods("default", SELECTOR)
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        if bound:
+            raise GangBroken(", ".join(f"{p['metadata']['name']} on {p['spec']['nodeName']}" for p in bound))
+        if len(pods) < 5:
+            return None
+        events = gang_events(stack, pods)
+        if len(events) == 5 and all(expected.match(e["message"]) for e in events.values()):
+            return pods, events
+        return None
+    return stack.wait_for(waiting, 90, "every member of the gang Pending with bind's Event naming the holder")
+
+
+def blocked_gang(stack: LocalStack) -> str | None:
+    """--gang up to the holder's deletion: the holder Running, the seed applied as a gang and
+    shown waiting with nothing bound. None, or why the gang is not all or nothing."""
+    step(f"A workload that holds node4's GPU 3 first: StatefulSet {HOLDER}, one replica, map {HOLDER_MAP.strip()}")
+    print(stack.apply(holder()), end="")
+
+    def holder_running():
+        pods = [p for p in stack.pods("default", f"app={HOLDER}") if p["status"].get("phase") == "Running"]
+        return pods[0] if pods else None
+    held = stack.wait_for(holder_running, 120, f"{HOLDER}-0 Running")
+    holder_pod = held["metadata"]["name"]
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", f"app={HOLDER}").stdout, end="")
+    step(f"kubectl apply -f {SEED.relative_to(REPO)} as a gang: annotation {GANG} on the pod template\n"
+         "    (podManagementPolicy: Parallel, as shipped); index 3 and 4 want node4's GPU 3")
+    print(stack.apply(seed(False, gang=True)), end="")
+    try:
+        pods, events = gang_waiting(stack, holder_pod)
+    except GangBroken as broken:
+        print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
+        for pod in stack.pods("default", SELECTOR):
+            query = f"fieldSelector=reason%3DFailedScheduling,involvedObject.uid%3D{pod['metadata']['uid']}"
+            for event in json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]:
+                print(f"    {pod['metadata']['name']}: FailedScheduling: {event['message']}")
+        return (f"gang member bound while {holder_pod} holds GPU 3 on node4: {broken}"
+                " (the gang is not all or nothing)")
+    step("kubectl get pod -o wide   (the holder Running; no member of the gang bound)")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
+    step("Each member's FailedScheduling Event (bind's, one per member, counted up while it stays the same)")
+    for name, event in sorted(events.items()):
+        plugin = (event["metadata"].get("annotations") or {}).get("gpu-scheduler/plugin", "")
+        print(f"    {name}: {event['message']}   (count {event.get('count', 1)}; plugin {plugin or '-'})")
+    step(f"kubectl delete statefulset {HOLDER}   (GPU 3 on node4 freed: the gang is placed whole)")
+    print(stack.cp.kubectl("delete", "statefulset", HOLDER).stdout, end="")
+    return None
+
+
+def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str, float]) -> None:
+    """The five replicas Running: where, each container's log line, (DRA) the claims, and the
+    Events of one pod. since: (what, when) the time to Running is counted from."""
+    pods = stack.wait_for(lambda: running(stack, 5), 120, "5 check pods Running")
+    print(f"    five Running {time.monotonic() - since[1]:.1f}s after {since[0]}")
+    step("kubectl get pod -o wide -L apps.kubernetes.io/pod-index   (the label the StatefulSet controller sets)")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-L", "apps.kubernetes.io/pod-index").stdout, end="")
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        name = pod["metadata"]["name"]
+        step(f"kubectl logs {name} --tail=1   (its container, on {pod['spec']['nodeName']})")
+        line = stack.wait_for(lambda: stack.cp.kubectl("logs", name, "--tail=1").stdout, 15, f"{name}'s log")
+        print(line, end="")
+    if dra:
+        step("kubectl get resourceclaims   (each replica's claim: allocated by bind, reserved for its pod)")
+        print(stack.cp.kubectl("get", "resourceclaims", "-o", "custom-columns=CLAIM:.metadata.name,"
+                               "NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0].values[0],"
+                               "DEVICES:.status.allocation.devices.results[*].device,"
+                               "RESERVED-FOR:.status.reservedFor[*].name").stdout, end="")
+    step(f"kubectl describe pod {described}   (its Events: gpu-scheduler's and the kubelet's)")
+    text = stack.cp.kubectl("describe", "pod", described).stdout
+    print(text[text.index("Events:"):], end="")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcp.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--dra", action="store_true", help="the seed in DRA mode, through the DRA test driver")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dra", action="store_true", help="the seed in DRA mode, through the DRA test driver")
+    mode.add_argument("--gang", action="store_true",
+                      help="the seed as a gang: blocked whole by a workload holding node4's GPU 3, then placed whole")
     args = parser.parse_args(argv)
+    failure = None
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
     ensure_built()
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
@@ -79,28 +205,16 @@ def main(argv=None) -> int:
             print(stack.cp.kubectl("get", "resourceslices", "-o", "custom-columns=SLICE:.metadata.name,"
                                    "NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name").stdout,
                   end="")
-        else:
+        elif not args.gang:
             step(f"kubectl apply -f {SEED.relative_to(REPO)}   (5 replicas, the seed map; unchanged)")
-        applied = time.monotonic()
-        print(stack.apply(seed(args.dra)), end="")
-        pods = stack.wait_for(lambda: running(stack, 5), 120, "5 check pods Running")
-        print(f"    five Running {time.monotonic() - applied:.1f}s after the apply")
-        step("kubectl get pod -o wide -L apps.kubernetes.io/pod-index   (the label the StatefulSet controller sets)")
-        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-L", "apps.kubernetes.io/pod-index").stdout, end="")
-        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-            name = pod["metadata"]["name"]
-            step(f"kubectl logs {name} --tail=1   (its container, on {pod['spec']['nodeName']})")
-            line = stack.wait_for(lambda: stack.cp.kubectl("logs", name, "--tail=1").stdout, 15, f"{name}'s log")
-            print(line, end="")
-        if args.dra:
-            step("kubectl get resourceclaims   (each replica's claim: allocated by bind, reserved for its pod)")
-            print(stack.cp.kubectl("get", "resourceclaims", "-o", "custom-columns=CLAIM:.metadata.name,"
-                                   "NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0].values[0],"
-                                   "DEVICES:.status.allocation.devices.results[*].device,"
-                                   "RESERVED-FOR:.status.reservedFor[*].name").stdout, end="")
-        step("kubectl describe pod gpu-scheduler-check-4   (its Events: gpu-scheduler's and the kubelet's)")
-        described = stack.cp.kubectl("describe", "pod", "gpu-scheduler-check-4").stdout
-        print(described[described.index("Events:"):], end="")
+        if args.gang:
+            failure = blocked_gang(stack)
+            since = ("the holder's deletion", time.monotonic())
+        else:
+            since = ("the apply", time.monotonic())
+            print(stack.apply(seed(args.dra)), end="")
+        if not failure:
+            shown_running(stack, args.dra, f"{SEED_NAME}-3" if args.gang else f"{SEED_NAME}-4", since)
         step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
         nodes = stack.nodes
         processes = list(stack.cp.processes.values())
@@ -110,6 +224,9 @@ def main(argv=None) -> int:
         print(f"    still there: processes {left}; {leftovers}")
         return 1
     print("    done: no process, shim, mount, cgroup, network namespace or interface left")
+    if failure:
+        print(f"\nFAILED: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
