@@ -1,6 +1,7 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE)
+[--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, run
+from . import framework, gang, run
 
 
 def main() -> int:
@@ -22,6 +23,7 @@ def main() -> int:
     parser.add_argument("--only", default="throughput,admission,cold,peers")
     parser.add_argument("--out", default="")
     parser.add_argument("--before", default=framework.BEFORE, help="the revision 'framework' compares with")
+    parser.add_argument("--replicas", type=int, default=gang.REPLICAS, help="the StatefulSet's replicas for 'gang'")
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict = {"when": time.strftime("%H:%M:%S"), "pods": args.pods, "reps": args.reps}
@@ -37,7 +39,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework"}:
+    if only & {"peers", "dra", "framework", "gang"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -45,6 +47,8 @@ def main() -> int:
                 results["dra_peers"] = run.dra_peers(stack, args.pods, args.reps)
             if "framework" in only:  # not in the default: bench.run has it
                 results["framework_cost"] = framework.framework_cost(stack, args.pods, args.reps, args.before)
+            if "gang" in only:  # not in the default: bench.run has it
+                results["gang"] = gang.gang_speed(stack, args.replicas, args.reps)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -73,6 +77,8 @@ def main() -> int:
                   + f" claims allocated {[r['claims_allocated'] for m in run.DRA_MODES[1:] for r in value[m]['runs']]}")
         elif key == "framework_cost":
             print("\n".join(framework.rows(value)))
+        elif key == "gang":
+            print("\n".join(gang.rows(value)))
         elif key == "cold_start_s":
             print("cold start " + ", ".join(f"{t} {statistics.median(v):.2f} s" for t, v in value.items()))
         else:

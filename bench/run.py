@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import framework, hostile, scale, soak
+from bench import framework, gang, hostile, scale, soak
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -187,9 +187,11 @@ def fit_cost(stack: LocalStack, n: int, reps: int) -> dict:
 
 # -- 1b. bind vs kube-scheduler, create to bound ------------------------------------------------
 class BoundWatch:
-    """Records when each pod of a namespace is first seen bound, from a watch (no polling load)."""
+    """Records when each pod of a namespace is first seen (created: the watch's first event of it,
+    for pods a controller creates) and first seen bound, from a watch (no polling load)."""
 
     def __init__(self, stack: LocalStack, namespace: str):
+        self.seen: dict[str, float] = {}
         self.bound: dict[str, float] = {}
         self._response = stack.api.list_namespaced_pod(namespace, watch=True, _preload_content=False,
                                                        timeout_seconds=600)
@@ -201,8 +203,10 @@ class BoundWatch:
         try:
             for line in iter_resp_lines(self._response):
                 pod = json.loads(line)["object"]
+                name, now = pod["metadata"]["name"], time.perf_counter()
+                self.seen.setdefault(name, now)
                 if pod.get("spec", {}).get("nodeName"):
-                    self.bound.setdefault(pod["metadata"]["name"], time.perf_counter())
+                    self.bound.setdefault(name, now)
         except Exception:  # closed by stop()
             pass
 
@@ -445,12 +449,19 @@ def handler_alone(entries: int, iterations: int, fresh_map: bool = False) -> dic
 
 
 # -- 3. StatefulSet end to end ------------------------------------------------------------------
-def statefulset_end_to_end(stack: LocalStack, replicas: int) -> dict:
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
-    manifest = json.loads(json.dumps(__import__("yaml").safe_load((REPO / "check" / "statefulset.yaml").read_text())))
+def statefulset(namespace: str, replicas: int) -> dict:
+    """check/statefulset.yaml (podManagementPolicy: Parallel) in `namespace`, with `replicas`
+    replicas and map_for(replicas) as its map."""
+    manifest = __import__("yaml").safe_load((REPO / "check" / "statefulset.yaml").read_text())
     manifest["metadata"]["namespace"] = namespace
     manifest["spec"]["replicas"] = replicas
     manifest["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] = map_for(replicas)
+    return manifest
+
+
+def statefulset_end_to_end(stack: LocalStack, replicas: int) -> dict:
+    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    manifest = statefulset(namespace, replicas)
     started = time.perf_counter()
     stack.apply(manifest)
     created_at = bound_at = None
@@ -624,6 +635,8 @@ def table(results: dict) -> str:
     row(f"StatefulSet {s['replicas']} replicas: all bound / all created",
         f"{s['ratio']:.2f} ({s['bound_s']:.1f}/{s['created_s']:.1f}s)" if s["ratio"] else "n/a", "<= 1.2",
         bool(s["ratio"]) and s["ratio"] <= 1.2)
+    if results.get("gang"):
+        rows += gang.rows(results["gang"])
     r = results.get("real_nodes")
     if r:
         rows.append(f"{'real nodes: four Ready from start (median s)':<62} {statistics.median(r['four_nodes_ready_s']):>20.1f}"
@@ -686,6 +699,8 @@ def main() -> int:
         print("bench: create to bound in DRA mode: bind env / bind DRA / kube-scheduler DRA", flush=True)
         results["dra_peers"] = dra_peers(stack, n if args.smoke else 300, reps)
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
+        print("bench: a gang against the same StatefulSet without the annotation, create to bound", flush=True)
+        results["gang"] = gang.gang_speed(stack, 20 if args.smoke else gang.REPLICAS, 1 if args.smoke else 4)
         # Last on this stack: its own bind is stopped meanwhile, one bind at a time placing.
         print(f"bench: bind now vs before the framework ({args.before}), create to bound", flush=True)
         results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
