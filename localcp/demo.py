@@ -85,22 +85,15 @@ class GangBroken(Exception):
     """A member of the gang was bound while the holder held GPU 3: not all or nothing."""
 
 
-def gang_events(stack: LocalStack, pods: list[dict]) -> dict[str, dict]:
-    """Each member's newest FailedScheduling Event that speaks of the gang, by pod name."""
-    events = json.loads(stack.cp.get("/api/v1/namespaces/default/events?fieldSelector=reason%3DFailedScheduling"))
-    uids = {p["metadata"]["uid"]: p["metadata"]["name"] for p in pods}
-    found: dict[str, dict] = {}
-    for event in events["items"]:
-        name = uids.get(event["involvedObject"].get("uid"))
-        if name and event["message"].startswith(f"gang default/{SEED_NAME}: "):
-            if name not in found or (event.get("lastTimestamp") or "") >= (found[name].get("lastTimestamp") or ""):
-                found[name] = event
-    return found
+def failed_scheduling(stack: LocalStack, pod: dict) -> list[dict]:
+    """The pod's FailedScheduling Events."""
+    query = f"fieldSelector=reason%3DFailedScheduling,involvedObject.uid%3D{pod['metadata']['uid']}"
+    return json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]
 
 
 def gang_waiting(stack: LocalStack, holder_pod: str) -> tuple[list[dict], dict[str, dict]]:
     """Polls until all five members exist, none bound, each with bind's gang Event naming the
-    holder; raises GangBroken as soon as a member is bound."""
+    holder (the pods, and that Event by pod name); raises GangBroken as soon as a member is bound."""
     expected = re.compile(rf"gang default/{SEED_NAME}: \d+ of 5 members placeable; member {SEED_NAME}-\d+: "
                           rf"GPU 3 on node4 is held by .*{holder_pod}")
 
@@ -111,10 +104,9 @@ def gang_waiting(stack: LocalStack, holder_pod: str) -> tuple[list[dict], dict[s
             raise GangBroken(", ".join(f"{p['metadata']['name']} on {p['spec']['nodeName']}" for p in bound))
         if len(pods) < 5:
             return None
-        events = gang_events(stack, pods)
-        if len(events) == 5 and all(expected.match(e["message"]) for e in events.values()):
-            return pods, events
-        return None
+        events = {p["metadata"]["name"]: next((e for e in failed_scheduling(stack, p) if expected.match(e["message"])),
+                                              None) for p in pods}
+        return (pods, events) if all(events.values()) else None
     return stack.wait_for(waiting, 90, "every member of the gang Pending with bind's Event naming the holder")
 
 
@@ -134,14 +126,15 @@ def blocked_gang(stack: LocalStack) -> str | None:
          "    (podManagementPolicy: Parallel, as shipped); index 3 and 4 want node4's GPU 3")
     print(stack.apply(seed(False, gang=True)), end="")
     try:
-        pods, events = gang_waiting(stack, holder_pod)
-    except GangBroken as broken:
+        _, events = gang_waiting(stack, holder_pod)
+    except (GangBroken, TimeoutError) as failed:
         print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
         for pod in stack.pods("default", SELECTOR):
-            query = f"fieldSelector=reason%3DFailedScheduling,involvedObject.uid%3D{pod['metadata']['uid']}"
-            for event in json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]:
+            for event in failed_scheduling(stack, pod):
                 print(f"    {pod['metadata']['name']}: FailedScheduling: {event['message']}")
-        return (f"gang member bound while {holder_pod} holds GPU 3 on node4: {broken}"
+        if isinstance(failed, TimeoutError):
+            return f"{failed}: bind's Events (above) do not say that the gang waits for {holder_pod}"
+        return (f"gang member bound while {holder_pod} holds GPU 3 on node4: {failed}"
                 " (the gang is not all or nothing)")
     step("kubectl get pod -o wide   (the holder Running; no member of the gang bound)")
     print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
