@@ -94,7 +94,7 @@ def failed_scheduling(stack: LocalStack, pod: dict) -> list[dict]:
 def gang_waiting(stack: LocalStack, holder_pod: str) -> tuple[list[dict], dict[str, dict]]:
     """Polls until all five members exist, none bound, each with bind's gang Event naming the
     holder (the pods, and that Event by pod name); raises GangBroken as soon as a member is bound."""
-    expected = re.compile(rf"gang default/{SEED_NAME}: \d+ of 5 members placeable; member {SEED_NAME}-\d+: "
+    expected = re.compile(rf"gang default/{SEED_NAME}: \d+ of 5 members placeable; member (default/)?{SEED_NAME}-\d+: "
                           rf"GPU 3 on node4 is held by .*{holder_pod}")
 
     def waiting():
