@@ -203,7 +203,9 @@ class BoundWatch:
         try:
             for line in iter_resp_lines(self._response):
                 pod = json.loads(line)["object"]
-                name, now = pod["metadata"]["name"], time.perf_counter()
+                name, now = pod.get("metadata", {}).get("name"), time.perf_counter()
+                if not name:  # not a pod (an ERROR event's Status)
+                    continue
                 self.seen.setdefault(name, now)
                 if pod.get("spec", {}).get("nodeName"):
                     self.bound.setdefault(name, now)
