@@ -430,6 +430,17 @@ def test_bind_any_wrong_type_anywhere_binary_mode(fake_bind, pod):
         assert not api.calls
 
 
+@pytest.mark.parametrize("annotations", [5, "x", ["gpu-scheduler/gang"], True])
+def test_bind_a_pod_whose_annotations_are_not_an_object(fake_bind, annotations):
+    """The views index a pending pod by its gang annotation: any shape of annotations, never a crash."""
+    client, install = fake_bind
+    install()
+    pod = copy.deepcopy(ADD["body"])
+    pod["metadata"]["annotations"] = annotations
+    response = client.post("/", data=json.dumps(pod), headers=ADD["headers"])
+    assert answered_cleanly(response), response.data
+
+
 def structured(data) -> tuple[bytes, dict]:
     envelope = {"specversion": "1.0", "id": "x", "source": "s", "type": "dev.knative.apiserver.resource.add",
                 "datacontenttype": "application/json", "data": data}
