@@ -248,9 +248,15 @@ def scheduling(cluster, args, pod: dict[str, Any]) -> core.Scheduling:
 
 
 def gang_scheduling(cluster, args, gang: GangSnapshot, nodes=None) -> core.Gang:
-    """What bind decides for a gang now: its framework's decide_gang, on each member's node as read now."""
-    return core.gang_scheduling(gang, framework(args), lambda node: cluster.gang_snapshot(
-        node, gang.pending, args.scheduler_namespace), nodes)
+    """What bind decides for a gang now: its framework's decide_gang, on each member's node as read
+    now, each node read once for all its members."""
+    snapshots: dict[str, Any] = {}
+
+    def snapshot_of(node: str):
+        if node not in snapshots:
+            snapshots[node] = cluster.gang_snapshot(node, gang.pending, args.scheduler_namespace)
+        return snapshots[node]
+    return core.gang_scheduling(gang, framework(args), snapshot_of, nodes)
 
 
 def _rules(args) -> dict[str, dra.Rule]:
