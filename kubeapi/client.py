@@ -42,6 +42,9 @@ TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 qui
 # environment for proxies); tokens rotate in minutes to hours, so ask it every 10 s at most.
 AUTH_REFRESH_SECONDS = 10.0
 WATCH_CONNECTIONS = 10  # bind's watches (pods, nodes, device records, ResourceSlices and -Claims), with room
+# Idle connections kept for calls: bind's workers, a gang's Bindings in flight and the recorder,
+# each reusing one rather than opening a TLS connection per call.
+KEPT_CONNECTIONS = 32
 LIST_PAGE = 500  # items per page of a listing: bounds what one response holds in memory
 
 # Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
@@ -129,7 +132,8 @@ class Kube:
         self.http = ApiClient(configuration).rest_client.pool_manager
         # Without a proxy, calls go over kubeapi/transport.py: a third of urllib3's CPU per call.
         proxied = configuration.proxy and not should_bypass_proxies(configuration.host, configuration.no_proxy or "")
-        self.transport = None if proxied else Transport(configuration, TIMEOUT.connect_timeout, TIMEOUT.read_timeout)
+        self.transport = None if proxied else Transport(configuration, TIMEOUT.connect_timeout, TIMEOUT.read_timeout,
+                                                         keep=KEPT_CONNECTIONS)
         self._auth: tuple[float, dict[str, str]] = (float("-inf"), {})
         self._auth_lock = threading.Lock()
 

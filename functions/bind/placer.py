@@ -51,6 +51,7 @@ POD_READS = prom.Counter("gpu_scheduler_bind_pod_reads_total",
                         "Where an event's pod was read: the pod watch, or a GET", ["source"])
 EVENT_WAIT_SECONDS = 8  # an event for a pod being placed waits for that attempt's outcome
 RESYNC_WAIT_SECONDS = 20  # a ping waits this long for the outcomes of the pods it found
+GANG_BINDINGS_IN_FLIGHT = 16
 RECORDS_CHECK_SECONDS = 10  # how often a failing check that bind may write its records is made again
 
 
@@ -101,7 +102,9 @@ class Placer:
             _ExitAfterBindings if self.config.exit_after_bindings else AttemptHandle
         _ExitAfterBindings.limit = self.config.exit_after_bindings
         self._gang_locks: dict[tuple[str, ...], threading.Lock] = {}  # one attempt per gang at a time
-        self._binding_pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="gang-binding")
+        # A gang's Bindings all come at once, after its last member: more of them in flight than
+        # workers place single pods (each waits on the API server, not on the CPU).
+        self._binding_pool = ThreadPoolExecutor(GANG_BINDINGS_IN_FLIGHT, thread_name_prefix="gang-binding")
         self._started = False
         self._start_lock = threading.Lock()
         self._resyncing = threading.Lock()  # one resync at a time; pings meanwhile coalesce
