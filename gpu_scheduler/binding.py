@@ -1,6 +1,8 @@
 """Binding decisions: which pod events lead to a `pods/binding` call, and its body."""
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -136,6 +138,13 @@ REPLACED = "PodReplaced"
 BOUND_ELSEWHERE = "BoundElsewhere"
 API_ERROR = "APIError"
 RETRY = "Retry"
+
+def placement_inputs(pod: Mapping[str, Any]) -> str:
+    """What can change a pending pod's placement: its spec, labels and annotations (not its status,
+    which bind writes itself, nor its version), as one string to compare."""
+    meta = metadata(pod)
+    return json.dumps([pod.get("spec"), meta.get("labels"), meta.get("annotations")], sort_keys=True, default=str)
+
 
 def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:
     """The outcome of a 409 from the Binding call, given the pod as it is now (None: gone).

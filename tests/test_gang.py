@@ -114,7 +114,7 @@ def test_a_refused_member_holds_the_gang_back_with_nothing_reserved():
     step = PerNode("s", answers={("filter", "node1"): unschedulable("GPUsHeld", "GPU 1 on node1 is held by ns/x-0")})
     outcome = framework(step).schedule_gang(gang(0, 1, 2), handle)
     assert outcome.status.reason == MEMBERS_REFUSED and outcome.status.plugin == "Gang"
-    assert outcome.status.message == "gang ns/train: 1 of 3 members placeable; member ns/train-1: GPU 1 on node1 is held by ns/x-0"
+    assert outcome.status.message == "gang ns/train: 1 of 3 members placeable; member train-1: GPU 1 on node1 is held by ns/x-0"
     assert (outcome.waits_on.status.plugin, outcome.waits_on.node) == ("GPUsHeld", "node1")
     assert not [c for c in handle.calls if not c.startswith("snapshot")]  # decided only: nothing assumed or written
     assert [pod["metadata"]["name"] for pod, _ in outcome.members] == ["train-0", "train-1", "train-2"]
@@ -136,7 +136,7 @@ def test_a_lost_reservation_unreserves_every_member_in_reverse_and_binds_none():
     lost = unschedulable("GPUsHeld", "GPU 1 on node2 is held by ns/other-0")
     outcome = framework(PerNode("s", answers={("reserve", "train-0"): lost})).schedule_gang(gang(0, 1, 2), handle)
     assert outcome.status.reason == RESERVATION_LOST
-    assert outcome.status.message.startswith("gang ns/train: 2 of 3 members reserved, the rest released; member ns/train-0")
+    assert outcome.status.message.startswith("gang ns/train: 2 of 3 members reserved, the rest released; member train-0")
     writes = [c for c in handle.calls if not c.startswith("snapshot")]
     assert writes[-7:] == ["reserve train-0", "unreserve train-0", "forget train-0",  # its own, at once
                            "unreserve train-2", "forget train-2", "unreserve train-1", "forget train-1"]  # reverse
@@ -148,7 +148,7 @@ def test_an_api_failure_while_reserving_releases_all_and_is_retried():
     failed = error("GPUsHeld", "writing the record of GPU 0 on node1: connection refused")
     outcome = framework(PerNode("s", answers={("reserve", "train-2"): failed})).schedule_gang(gang(0, 1, 2), handle)
     assert outcome.status.code is Code.ERROR and outcome.status.reason == "Retry"
-    assert "member ns/train-2" in outcome.status.message
+    assert "member train-2" in outcome.status.message
     assert "unreserve train-1" in handle.calls and not any(c.startswith("bind") for c in handle.calls)
 
 

@@ -280,6 +280,18 @@ def test_a_pod_changed_since_its_version_was_read_is_placed_again_from_the_new_o
     assert [b["metadata"]["annotations"]["gpu-scheduler/devices"] for b in bodies] == ["0,1", "3"]
 
 
+def test_a_pod_whose_status_alone_changed_is_bound_at_its_new_version_as_decided():
+    """bind's own PodScheduled=False write lands after a later attempt decided (a gang's members):
+    the Binding is made again at the new version, without deciding again."""
+    newer = copy.deepcopy(POD)
+    newer["metadata"]["resourceVersion"] = "999"
+    newer["status"] = {"conditions": [{"type": "PodScheduled", "status": "False"}]}
+    placer, api = placer_with(bind=[api_error(409, "changed"), {}], read_pod=[newer])
+    assert placed(placer)["result"] == "Bound"
+    versions = [args[2]["metadata"].get("resourceVersion") for args, _ in api.called("bind")]
+    assert versions[1] == "999" and versions[0] != "999" and len(api.called("read_pod")) == 1
+
+
 # -- an event is a trigger: the pod is the API server's ---------------------------------------------
 def event_placed(placer: Placer, event_pod=POD) -> dict:
     result = placer.place_event(copy.deepcopy(event_pod))

@@ -466,7 +466,7 @@ def test_a_gang_blocked_by_a_holder_waits_with_binds_message():
     decided = framework.decide_gang(gang, snapshots([holder_of_node4_gpu3()]), every_member=True)
     assert (answer.verdict.action, answer.verdict.plugin, answer.verdict.reason, answer.verdict.message) == (
         "wait", "Gang", "GangMemberRefused", decided.status.message)
-    assert answer.verdict.message.startswith("gang ns/w: 3 of 5 members placeable; member ns/w-3: GPU 3 on node4 is held by")
+    assert answer.verdict.message.startswith("gang ns/w: 3 of 5 members placeable; member w-3: GPU 3 on node4 is held by")
     assert answer.verdict.node == "node4" and not answer.verdict.placeable
     assert [(m.name, m.state, m.node, m.plugin) for m in answer.members] == [
         ("ns/w-0", "placeable", "node1", ""), ("ns/w-1", "placeable", "node2", ""),

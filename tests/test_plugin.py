@@ -474,7 +474,7 @@ def test_plan_refuses_a_malformed_gang_naming_the_fix(tmp_path):
     assert code == 2 and "gpu-scheduler/gang: 'all' is not a gang size: set gpu-scheduler/gang to \"true\"" in err
 
 
-BLOCKED = ("gang ns/w: 3 of 5 members placeable; member ns/w-3: GPU 3 on node4 is held by team-a/x-0 (another"
+BLOCKED = ("gang ns/w: 3 of 5 members placeable; member w-3: GPU 3 on node4 is held by team-a/x-0 (another"
            " workload; ...)")
 
 

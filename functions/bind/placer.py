@@ -394,13 +394,16 @@ class Placer:
         """What the gang's outcome means for one member. Its gang's refusal is one Event per member
         (kept current), and the member waits for the events of the member the gang waits on; a gang
         that lost a race while reserving is tried again after a jittered backoff. While members are
-        missing, only the member attempted hears of it (each new member is an attempt)."""
+        missing, the others hear how many exist at most every recorder.LATER_SECONDS."""
         status = outcome.status
         if status.plugin != GANG or status.code is Code.SUCCESS:
             return self._attempt_of(ref, outcome, None, started, again=False)
-        if status.reason != gangs.MEMBERS_MISSING or attempted:
-            self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations={PLUGIN_ANNOTATION: GANG},
-                                key=GANG, if_changed=not attempted)
+        annotations = {PLUGIN_ANNOTATION: GANG}
+        if status.reason == gangs.MEMBERS_MISSING and not attempted:  # members arrive in bursts: coalesced
+            self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, GANG)
+        else:
+            self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations=annotations, key=GANG,
+                                if_changed=not attempted)
             self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
         if attempted:
             self._attempted("unschedulable", started)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Callable
@@ -15,6 +16,9 @@ from kubeapi.errors import APIError
 from gpu_scheduler.events import PodRef, event_for, event_name, recount, unscheduled_condition
 
 log = logging.getLogger("bind.recorder")
+# A gang's waiting members hear how many of them exist at most this often (event_later): a gang of
+# 100 created in 3 s would otherwise rewrite every member's Event at every member's creation.
+LATER_SECONDS = 1.5
 DROPPED = prom.Counter("gpu_scheduler_recorder_dropped_total", "Events and conditions not written", ["why"])
 
 
@@ -30,6 +34,9 @@ class Recorder:
         self._counts: OrderedDict[str, int] = OrderedDict()  # Event name -> count written
         self._conditions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # pod uid -> written
         self._keyed: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # (uid, reason, key) -> last message
+        self._later: dict[str, tuple[float, tuple]] = {}  # pod uid -> (when asked, event_later's arguments)
+        self._later_lock = threading.Lock()
+        self._later_thread: threading.Thread | None = None
         self._remembered = remembered
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -42,11 +49,35 @@ class Recorder:
         member: one Event that says what the gang waits for now). `if_changed`: only when the
         message differs from the last one written under that key (a gang's members not attempted
         themselves: counting each up at every attempt of the gang would be N writes an attempt)."""
+        with self._later_lock:
+            self._later.pop(pod.uid, None)  # what is written now supersedes what waits
         if if_changed and key and self._keyed.get((pod.uid, reason, key)) == message:
             return
         if key:
             self._remember(self._keyed, (pod.uid, reason, key), message)
         self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations, key))
+
+    def event_later(self, pod: PodRef, kind: str, reason: str, message: str, annotations: dict[str, str],
+                    key: str) -> None:
+        """A keyed Event written LATER_SECONDS from now at the latest, with the latest message asked
+        for meanwhile, and only if it differs from the last one written; dropped when any other
+        Event of the pod is written first (the pod bound, or its gang's verdict changed)."""
+        with self._later_lock:
+            asked = self._later.get(pod.uid, (time.monotonic(), ()))[0]
+            self._later[pod.uid] = (asked, (pod, kind, reason, message, annotations, key))
+            if self._later_thread is None or not self._later_thread.is_alive():
+                self._later_thread = threading.Thread(target=self._write_later, name="event-later", daemon=True)
+                self._later_thread.start()
+
+    def _write_later(self) -> None:
+        while True:
+            time.sleep(LATER_SECONDS / 3)
+            now = time.monotonic()
+            with self._later_lock:
+                due = [uid for uid, (asked, _) in self._later.items() if now - asked >= LATER_SECONDS]
+                writes = [self._later.pop(uid)[1] for uid in due]
+            for pod, kind, reason, message, annotations, key in writes:
+                self.event(pod, kind, reason, message, annotations=annotations, key=key, if_changed=True)
 
     def unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         if self._conditions.get(pod.uid) != (reason, message):

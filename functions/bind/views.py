@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
+from gpu_scheduler.binding import placement_inputs
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
 from gpu_scheduler.plugins.dra import Device, allocated, drivers_on, node_devices
 from gpu_scheduler.framework.snapshot import DraSupport, GangSnapshot, NodeSnapshot
@@ -57,9 +58,7 @@ def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
 def _placement_fingerprint(pod: Mapping[str, Any]) -> str:
     """What can change a pending pod's placement: its spec, labels and annotations (not its status,
     which bind writes itself)."""
-    meta = _meta(pod)
-    text = json.dumps([pod.get("spec"), meta.get("labels"), meta.get("annotations")], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(placement_inputs(pod).encode()).hexdigest()
 
 
 def _is_pending_ours(pod: Mapping[str, Any]) -> bool:

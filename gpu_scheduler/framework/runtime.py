@@ -144,7 +144,7 @@ class Framework:
         placeable = sum(1 for m in members if m.decision.status.ok)
         if refused is None:
             return GangDecision(SUCCESS, members)
-        return GangDecision(gangs.members_placeable(gang, placeable, refused.name, refused.decision.status), members,
+        return GangDecision(gangs.members_placeable(gang, placeable, _short(refused.pod), refused.decision.status), members,
                             refused)
 
     def schedule_gang(self, gang: GangSnapshot, cluster: Cluster) -> GangOutcome:
@@ -167,7 +167,7 @@ class Framework:
             if status.ok:
                 reserved.append((member, plugins))
                 continue
-            failure = (status, member.name, member.decision.node.name if member.decision.node else "", RESERVE)
+            failure = (status, _short(member.pod), member.decision.node.name if member.decision.node else "", RESERVE)
             break
         if failure is None:
             permit = gangs.members_reserved(gang, len(reserved))
@@ -178,7 +178,7 @@ class Framework:
                 status = _first_not_ok(self.profile.pre_bind, lambda p: p.pre_bind(
                     member.decision.state, member.pod, member.decision.node, cluster))
                 if not status.ok:
-                    failure = (status, member.name, member.decision.node.name, PRE_BIND)
+                    failure = (status, _short(member.pod), member.decision.node.name, PRE_BIND)
                     break
         if failure is not None:
             self._release(reserved, cluster)
@@ -236,15 +236,14 @@ class Framework:
             cluster.forget(member.pod, member.decision.node.name)
 
     def _bind_member(self, member: MemberDecision, plugins: list, cluster: Cluster) -> Status:
-        """One Binding of a gang. A member that failed here is unreserved alone: the others may be
-        bound already, and they count toward its gang when it is tried again."""
+        """One Binding of a gang. A member whose Binding failed keeps what was reserved for it:
+        the others may be bound already, and its GPUs are its gang's; its records free themselves
+        after their grace if it is never bound (or at once when it is deleted), and the next
+        attempt, which counts the bound members, binds it."""
         state, node = member.decision.state, member.decision.node
         status = _first_not_ok(self.profile.bind, lambda p: p.bind(state, member.pod, node, cluster),
                                stop_at_success=True)
         if not (status.code is Code.SUCCESS and not status.reason):
-            if status.code is not Code.SUCCESS:
-                for plugin in reversed(plugins):
-                    plugin.unreserve(state, member.pod, node, cluster)
             cluster.forget(member.pod, node.name)
         return status
 
@@ -288,6 +287,11 @@ class Framework:
 def _name(pod: Mapping[str, Any]) -> str:
     meta = metadata(pod)
     return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _short(pod: Mapping[str, Any]) -> str:
+    """A member in its gang's messages: its name alone (the message names the namespace already)."""
+    return str(metadata(pod).get("name"))
 
 
 def _outcome_of(member: MemberDecision, status: Status) -> Outcome:

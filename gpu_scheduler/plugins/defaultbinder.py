@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from kubeapi.errors import APIError
 
-from ..binding import ALREADY_BOUND, GONE, RETRY, Bind, binding_for, conflict_outcome
+import dataclasses
+
+from ..binding import ALREADY_BOUND, GONE, RETRY, Bind, binding_for, conflict_outcome, placement_inputs
 from ..framework.interface import SUCCESS, BindPlugin, Code, CycleState, Status, api_failure
 from ..placement import metadata
 from .mapentry import resolved
 
 NAME = "DefaultBinder"
 CHANGED = "the pod changed since the version it was placed from"
+# Bindings of one pod in one attempt: again at the pod's new version when only its status changed
+# since the decision (bind's own PodScheduled=False writes, which land after it decided).
+BIND_TRIES = 3
 
 
 def bind_of(pod, state: CycleState) -> Bind:
@@ -26,19 +31,27 @@ class DefaultBinder(BindPlugin):
 
     def bind(self, state: CycleState, pod, node, cluster) -> Status:
         bind = bind_of(pod, state)
-        try:
-            cluster.bind(bind.namespace, bind.name, binding_for(bind))
-            return SUCCESS
-        except APIError as failure:
-            if failure.not_found and failure.kind in ("pods", ""):
-                return Status(Code.ERROR, NAME, "", GONE)
-            if not failure.conflict:
-                return api_failure(NAME, "", failure)
-        try:
-            current = cluster.read_pod(bind.namespace, bind.name)
-        except APIError as failure:
-            return api_failure(NAME, "reading the pod after a conflict", failure)
-        outcome = conflict_outcome(bind, current)
-        if outcome == ALREADY_BOUND:
-            return Status(Code.SUCCESS, NAME, "", ALREADY_BOUND)
+        for _ in range(BIND_TRIES):
+            try:
+                cluster.bind(bind.namespace, bind.name, binding_for(bind))
+                return SUCCESS
+            except APIError as failure:
+                if failure.not_found and failure.kind in ("pods", ""):
+                    return Status(Code.ERROR, NAME, "", GONE)
+                if not failure.conflict:
+                    return api_failure(NAME, "", failure)
+            try:
+                current = cluster.read_pod(bind.namespace, bind.name)
+            except APIError as failure:
+                return api_failure(NAME, "reading the pod after a conflict", failure)
+            outcome = conflict_outcome(bind, current)
+            if outcome == ALREADY_BOUND:
+                return Status(Code.SUCCESS, NAME, "", ALREADY_BOUND)
+            if outcome != RETRY:
+                break
+            version = str(metadata(current).get("resourceVersion") or "")
+            if version == bind.resource_version or placement_inputs(current) != placement_inputs(pod):
+                break
+            # Only its status (or version) changed: what was decided holds; bind at the version now.
+            bind = dataclasses.replace(bind, resource_version=version)
         return Status(Code.ERROR, NAME, CHANGED if outcome == RETRY else "", outcome)
