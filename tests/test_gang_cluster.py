@@ -105,7 +105,8 @@ def describe(stack, namespace: str, *names: str, log: str | None = "bind") -> st
             lines.append(f"  {pod_name}: node {pod['spec'].get('nodeName')!r}; FailedScheduling {events}")
         lines.append(f"  records naming {name}: {[(r.node, r.device) for r in records_naming(stack, namespace, name)]}")
     if log:
-        lines.append(f"  {log}'s log:\n" + stack.cp.log_tail(log, 25))
+        lines.append(f"  {log}'s log:")
+        lines += [f"    {line[:300]}" for line in stack.cp.log_tail(log, 15).splitlines()]
     return "\n".join(lines)
 
 
@@ -346,13 +347,12 @@ def test_the_api_server_killed_while_gangs_are_reserved_leaves_each_bound_whole_
         returned = restart(f"with {len(first)} record(s) written")
         seen = progress()
         try:
-            own.wait_for(lambda: progress() != seen, 15, "progress after the return", interval=0.01)
+            own.wait_for(lambda: settled() or progress() != seen, 15, "progress after the return", interval=0.01)
         except TimeoutError:
             pass  # nothing moved: no second restart
-        else:
+        if not settled():
             bound, held = progress()
-            if not settled():
-                returned = restart(f"again, with {len(bound)} member(s) bound and {len(held)} record(s)")
+            returned = restart(f"again, with {len(bound)} member(s) bound and {len(held)} record(s)")
 
         try:
             counts = own.wait_for(settled, max(0.0, returned + 30 - time.monotonic()), "each gang whole or none",
