@@ -43,8 +43,9 @@ def event_name(pod: PodRef, reason: str, message: str) -> str:
 
 
 def event_for(pod: PodRef, kind: str, reason: str, message: str, now: str, instance: str,
-              action: str = "Scheduling", annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": event_name(pod, reason, message), "namespace": pod.namespace}
+              action: str = "Scheduling", annotations: Mapping[str, str] | None = None, key: str = "") -> dict[str, Any]:
+    """The Event, named for its pod, reason and message (or `key`: one Event whose message changes)."""
+    meta: dict[str, Any] = {"name": event_name(pod, reason, key or message), "namespace": pod.namespace}
     if annotations:
         meta["annotations"] = dict(annotations)
     return {

@@ -51,6 +51,12 @@ def backoff_seconds(attempts: int) -> float:
     return min(MAX_BACKOFF_SECONDS, INITIAL_BACKOFF_SECONDS * 2 ** max(0, attempts - 1))
 
 
+def jittered(seconds: float, fraction: float) -> float:
+    """A backoff of `seconds` with its random part (`fraction` in [0, 1)): from half of it to
+    one and a half times it, so that two gangs that lost a race to each other try again apart."""
+    return seconds * (0.5 + fraction)
+
+
 def retried_on(plugin: str) -> list[str]:
     """What a pod refused by `plugin` waits for, in words (explain), besides a change of itself."""
     return sorted(DESCRIBED[event] for event in EVENTS_TO_REGISTER.get(plugin, frozenset()))

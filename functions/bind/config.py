@@ -38,6 +38,9 @@ class BindConfig:
     # For the test of bind dying between its two writes (tests/test_records_cluster.py): exit at
     # once after writing a pod's device records, before its Binding. Never set outside that test.
     exit_after_record: bool = False
+    # For the test of bind dying between two Bindings of a gang (tests/test_gang_cluster.py): exit
+    # at once after this many Bindings. Never set outside that test.
+    exit_after_bindings: int = 0
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> "BindConfig":
@@ -56,4 +59,6 @@ class BindConfig:
             workers=int(text),
             identity=env.get("HOSTNAME") or socket.gethostname(),
             exit_after_record=env.get("GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD") == "1",
+            exit_after_bindings=int(env.get("GPU_SCHEDULER_TEST_EXIT_AFTER_BINDINGS", "0") or 0)
+            if env.get("GPU_SCHEDULER_TEST_EXIT_AFTER_BINDINGS", "").isdigit() else 0,
         )

@@ -5,9 +5,11 @@ API failure is kubeapi.errors.APIError; a read of something absent returns None.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from concurrent.futures import Executor
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpu_scheduler.fit import PodInfo
+from gpu_scheduler.framework.interface import Status
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources import claim_key
 from gpu_scheduler.records import Record, record_name
@@ -17,9 +19,18 @@ from views import Views
 
 
 class AttemptHandle:
-    def __init__(self, api: Kube, views: Views, namespace: str, pod: Mapping[str, Any]):
-        self.api, self.views, self.namespace = api, views, namespace
-        self._claims = (claim_key(pod),)
+    """For the attempt at `pods`: one pod, or a gang's pending members. `pool` runs a gang's
+    Bindings concurrently; without it they run in turn."""
+
+    def __init__(self, api: Kube, views: Views, namespace: str, pods: Iterable[Mapping[str, Any]],
+                 pool: Executor | None = None):
+        self.api, self.views, self.namespace, self._pool = api, views, namespace, pool
+        self._claims = tuple(claim_key(pod) for pod in pods)
+
+    def each(self, calls: Sequence[Callable[[], Status]]) -> list[Status]:
+        if self._pool is None or len(calls) < 2:
+            return [call() for call in calls]
+        return [future.result() for future in [self._pool.submit(call) for call in calls]]
 
     def snapshot(self, node: str) -> NodeSnapshot:
         return self.views.snapshot(node, self._claims)

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import prometheus_client as prom
@@ -27,8 +28,11 @@ from gpu_scheduler.events import (
 from gpu_scheduler.framework.config import SchedulerConfig
 from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code, Status
 from gpu_scheduler.framework.profile import default_profile
-from gpu_scheduler.framework.runtime import Framework, Outcome
+from gpu_scheduler.fit import workload
+from gpu_scheduler.framework.runtime import Framework, GangOutcome, Outcome
+from gpu_scheduler.plugins import gang as gangs
 from gpu_scheduler.plugins.defaultbinder import CHANGED
+from gpu_scheduler.plugins.gang import NAME as GANG, GangError
 from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
@@ -57,6 +61,7 @@ class Attempt:
     outcome: dict[str, Any]
     refused: Refused | None = None
     retry: bool = False
+    jitter: bool = False  # retry after a jittered backoff (a gang that lost a race)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +78,30 @@ class _ExitBeforeBinding(AttemptHandle):
         os._exit(17)
 
 
+class _ExitAfterBindings(AttemptHandle):
+    """The test hook BindConfig.exit_after_bindings: the process ends after that many Bindings,
+    in the middle of a gang's (tests/test_gang_cluster.py). Injected only when it is set."""
+
+    limit, written = 0, 0
+
+    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        super().bind(namespace, name, body)
+        _ExitAfterBindings.written += 1
+        if _ExitAfterBindings.written >= _ExitAfterBindings.limit:
+            os._exit(17)
+
+
 class Placer:
     def __init__(self, api: Kube | None, config: BindConfig | None = None, problem: str = ""):
         self.api, self.problem = api, problem
         self.config = config or BindConfig(SchedulerConfig())
         self.namespace = self.config.scheduler.namespace
         self.framework = Framework(default_profile(self.config.scheduler))
-        self._handle_type = _ExitBeforeBinding if self.config.exit_after_record else AttemptHandle
+        self._handle_type = _ExitBeforeBinding if self.config.exit_after_record else \
+            _ExitAfterBindings if self.config.exit_after_bindings else AttemptHandle
+        _ExitAfterBindings.limit = self.config.exit_after_bindings
+        self._gang_locks: dict[tuple[str, ...], threading.Lock] = {}  # one attempt per gang at a time
+        self._binding_pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="gang-binding")
         self._started = False
         self._start_lock = threading.Lock()
         self._resyncing = threading.Lock()  # one resync at a time; pings meanwhile coalesce
@@ -206,7 +228,7 @@ class Placer:
         except Exception:  # a bug: say so, and try again after the backoff
             log.exception("unexpected error placing a pod", extra={"uid": uid})
         finally:
-            self.queue.done(uid, attempt.outcome, attempt.refused, attempt.retry)
+            self.queue.done(uid, attempt.outcome, attempt.refused, attempt.retry, attempt.jitter)
         return attempt.outcome
 
     def _read_and_place(self, ref: PodRef, again: bool = True) -> Attempt:
@@ -313,7 +335,17 @@ class Placer:
             # never decide on a partial view; the queue tries again shortly
             return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
         started = time.perf_counter()
-        outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, pod))
+        try:
+            gang = self.views.gang(pod)
+        except GangError:
+            gang = None  # the Gang plugin's PreFilter refuses it, with the fix
+        if gang is not None:
+            return self._place_gang(pod, ref, started)
+        outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, (pod,)))
+        return self._attempt_of(ref, outcome, decision, started, again)
+
+    def _attempt_of(self, ref: PodRef, outcome: Outcome, decision, started: float, again: bool) -> Attempt:
+        """The shell's side of one pod's Outcome: its Events and condition, the log, and the queue's verdict."""
         status = outcome.status
         if status.code is Code.SUCCESS:
             if status.reason == ALREADY_BOUND:
@@ -330,6 +362,49 @@ class Placer:
         if status.reason in (RETRY, API_ERROR):
             return self._failed(ref, outcome, started)
         return Attempt(self._report(ref, status.reason, status.message, outcome.node))  # gone, replaced, elsewhere
+
+    def _place_gang(self, pod: Mapping[str, Any], ref: PodRef, started: float) -> Attempt:
+        """One attempt at the pod's whole gang (docs/gangs.md), one at a time per gang in this
+        instance. Every pending member's Events, condition and place in the queue follow from it;
+        the pod's own Attempt is returned."""
+        with self._gang_locks.setdefault(workload(pod), threading.Lock()):
+            began = self.queue.moves()
+            if self.views.assumed(ref.uid):  # bound with its gang by the attempt this one waited for
+                return Attempt(self._report(ref, ALREADY_BOUND, "bound with its gang"))
+            gang = self.views.gang(pod)
+            outcome = self.framework.schedule_gang(gang, self._handle_type(
+                self.api, self.views, self.namespace, gang.pending, None if self.config.exit_after_bindings else
+                self._binding_pool))
+        attempt = Attempt({"result": RETRY, "message": "not among its gang's members"}, retry=True)
+        for member, member_outcome in outcome.members:
+            member_ref = PodRef.of(member)
+            settled = self._gang_member(member_ref, outcome, member_outcome, started, member_ref.uid == ref.uid)
+            if member_ref.uid == ref.uid:
+                attempt = settled
+            else:
+                self.queue.settle(member_ref.uid, began, settled.refused, settled.retry, settled.jitter)
+        return attempt
+
+    def _gang_member(self, ref: PodRef, gang: GangOutcome, outcome: Outcome, started: float, attempted: bool) -> Attempt:
+        """What the gang's outcome means for one member. Its gang's refusal is one Event per member
+        (kept current), and the member waits for the events of the member the gang waits on; a gang
+        that lost a race while reserving is tried again after a jittered backoff. While members are
+        missing, only the member attempted hears of it (each new member is an attempt)."""
+        status = outcome.status
+        if status.plugin != GANG or status.code is Code.SUCCESS:
+            return self._attempt_of(ref, outcome, None, started, again=False)
+        if status.reason != gangs.MEMBERS_MISSING or attempted:
+            self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations={PLUGIN_ANNOTATION: GANG},
+                                key=GANG, if_changed=not attempted)
+            self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
+        if attempted:
+            self._attempted("unschedulable", started)
+        report = self._report(ref, status.reason, status.message, outcome.node, plugin=GANG) if attempted else {}
+        if status.reason == gangs.RESERVATION_LOST:
+            return Attempt(report, retry=True, jitter=True)
+        waits_on = gang.waits_on
+        refused = Refused(waits_on.status.plugin, waits_on.node) if waits_on else Refused(GANG, "")
+        return Attempt(report, refused)
 
     def sweep_records(self) -> int:
         """Delete the records no pod holds any more, past their grace (each as read: a record

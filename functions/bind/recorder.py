@@ -29,14 +29,24 @@ class Recorder:
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(capacity)
         self._counts: OrderedDict[str, int] = OrderedDict()  # Event name -> count written
         self._conditions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # pod uid -> written
+        self._keyed: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # (uid, reason, key) -> last message
         self._remembered = remembered
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
     # -- what the placer calls ------------------------------------------------------------
     def event(self, pod: PodRef, kind: str, reason: str, message: str, action: str = "Scheduling",
-              annotations: dict[str, str] | None = None) -> None:
-        self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations))
+              annotations: dict[str, str] | None = None, key: str = "", if_changed: bool = False) -> None:
+        """One more occurrence of the Event: the same reason and message count up one Event.
+        With a `key`, the same reason and key do, and the Event takes the latest message (a gang's
+        member: one Event that says what the gang waits for now). `if_changed`: only when the
+        message differs from the last one written under that key (a gang's members not attempted
+        themselves: counting each up at every attempt of the gang would be N writes an attempt)."""
+        if if_changed and key and self._keyed.get((pod.uid, reason, key)) == message:
+            return
+        if key:
+            self._remember(self._keyed, (pod.uid, reason, key), message)
+        self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations, key))
 
     def unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         if self._conditions.get(pod.uid) != (reason, message):
@@ -80,14 +90,14 @@ class Recorder:
 
     # -- the writes ------------------------------------------------------------------------
     def _write_event(self, pod: PodRef, kind: str, reason: str, message: str, action: str,
-                     annotations: dict[str, str] | None = None) -> None:
-        name = event_name(pod, reason, message)
+                     annotations: dict[str, str] | None = None, key: str = "") -> None:
+        name = event_name(pod, reason, key or message)
         stamp = now()
         count = self._counts.get(name)
         if count is None:
             try:
                 self.api.create_event(pod.namespace, event_for(pod, kind, reason, message, stamp, self.instance, action,
-                                                               annotations))
+                                                               annotations, key))
                 self._remember(self._counts, name, 1)
                 return
             except APIError as error:
@@ -96,13 +106,14 @@ class Recorder:
             # Created before by another instance, or by us before a restart: count on from it.
             count = self.api.read_event(pod.namespace, name).get("count") or 1
         try:
-            self.api.patch_event(pod.namespace, name, recount(count + 1, stamp))
+            changes = {**recount(count + 1, stamp), **({"message": message[:1024]} if key else {})}
+            self.api.patch_event(pod.namespace, name, changes)
             self._remember(self._counts, name, count + 1)
         except APIError as error:
             if not error.not_found:
                 raise
             self._counts.pop(name, None)  # expired (the API server keeps Events for an hour)
-            self._write_event(pod, kind, reason, message, action, annotations)
+            self._write_event(pod, kind, reason, message, action, annotations, key)
 
     def _write_condition(self, pod: PodRef, reason: str, message: str) -> None:
         body = unscheduled_condition(reason, message, now())

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import threading
 import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from gpu_scheduler.queueing import UNSCHEDULABLE_FLUSH_SECONDS, Refused, backoff_seconds, requeues
+from gpu_scheduler.queueing import UNSCHEDULABLE_FLUSH_SECONDS, Refused, backoff_seconds, jittered, requeues
 from metrics import PENDING_PODS
 
 MAX_OUTCOMES = 4096  # the last outcome per pod, for callers waiting on an attempt
@@ -30,6 +31,11 @@ class SchedulingQueue:
         self._attempts: dict[str, int] = {}
         self._in_flight: set[str] = set()
         self._again: set[str] = set()  # changed while in flight: try once more after
+        # kube-scheduler's moveRequestCycle: cluster events so far, and the count when each pod's
+        # attempt began. A pod refused by an attempt that began before the last event goes to the
+        # backoff queue, not to wait for an event that has already come.
+        self._moves = 0
+        self._began: dict[str, int] = {}
         self._outcomes: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
         self._done_count = itertools.count()
         self._seq = itertools.count()
@@ -60,6 +66,7 @@ class SchedulingQueue:
         """A cluster event on `node`: the unschedulable pods whose refusal it may undo move on,
         to the active queue or, while their backoff lasts, to the backoff queue."""
         with self._cond:
+            self._moves += 1
             moved = [uid for uid, (refused, _) in self._unschedulable.items() if requeues(refused, event, node)]
             for uid in moved:
                 del self._unschedulable[uid]
@@ -71,6 +78,7 @@ class SchedulingQueue:
             if uid in self._in_flight:
                 return False
             self._in_flight.add(uid)
+            self._began[uid] = self._moves
             self._in_active.discard(uid)
             self._unschedulable.pop(uid, None)
             self._backoff_at.pop(uid, None)
@@ -78,10 +86,41 @@ class SchedulingQueue:
             self._gauges()
             return True
 
-    def done(self, uid: str, outcome: dict[str, Any], refused: Refused | None = None, retry: bool = False) -> None:
-        """The attempt ended: `refused` waits for an event, `retry` for its backoff, else forgotten."""
+    def moves(self) -> int:
+        """The cluster events so far: what settle's `began` is."""
+        with self._cond:
+            return self._moves
+
+    def settle(self, uid: str, began: int, refused: Refused | None = None, retry: bool = False,
+               jitter: bool = False) -> None:
+        """Another pod's attempt, begun at moves() `began`, decided this one too (a gang's
+        members): it waits as that attempt says, as if tried, unless an attempt at it is running
+        (that one decides). A pod forgotten meanwhile stays forgotten."""
+        with self._cond:
+            if uid in self._in_flight or uid not in self._attempts and uid not in self._in_active:
+                return
+            self._in_active.discard(uid)  # left in the deque, skipped when popped
+            self._backoff_at.pop(uid, None)
+            self._unschedulable.pop(uid, None)
+            if refused is not None and began < self._moves:  # an event came during the attempt
+                refused, retry = None, True
+            if refused is not None:
+                self._unschedulable[uid] = (refused, time.monotonic())
+            elif retry:
+                self._attempts[uid] = self._attempts.get(uid, 0) + 1
+                self._after_backoff(uid, jitter)
+            else:
+                self._attempts.pop(uid, None)
+            self._gauges()
+
+    def done(self, uid: str, outcome: dict[str, Any], refused: Refused | None = None, retry: bool = False,
+             jitter: bool = False) -> None:
+        """The attempt ended: `refused` waits for an event, `retry` for its backoff (`jitter`: a
+        random part of it, so that gangs racing for a GPU do not meet again), else forgotten."""
         with self._cond:
             self._in_flight.discard(uid)
+            if self._began.pop(uid, self._moves) < self._moves and refused is not None:
+                refused, retry = None, True  # an event came during the attempt: it may undo the refusal
             self._outcomes[uid] = (next(self._done_count), outcome)
             self._outcomes.move_to_end(uid)
             while len(self._outcomes) > MAX_OUTCOMES:
@@ -92,7 +131,7 @@ class SchedulingQueue:
             elif refused is not None:
                 self._unschedulable[uid] = (refused, time.monotonic())
             elif retry:
-                self._after_backoff(uid)
+                self._after_backoff(uid, jitter)
             else:
                 self._attempts.pop(uid, None)
             self._gauges()
@@ -134,6 +173,7 @@ class SchedulingQueue:
                     if uid in self._in_active:
                         self._in_active.discard(uid)
                         self._in_flight.add(uid)
+                        self._began[uid] = self._moves
                         self._attempts[uid] = self._attempts.get(uid, 0) + 1
                         self._gauges()
                         return uid
@@ -152,8 +192,9 @@ class SchedulingQueue:
         self._gauges()
         self._cond.notify()
 
-    def _after_backoff(self, uid: str) -> None:
-        ready = time.monotonic() + backoff_seconds(self._attempts.get(uid, 1))
+    def _after_backoff(self, uid: str, jitter: bool = False) -> None:
+        seconds = backoff_seconds(self._attempts.get(uid, 1))
+        ready = time.monotonic() + (jittered(seconds, random.random()) if jitter else seconds)
         self._backoff_at[uid] = ready
         heapq.heappush(self._backoff, (ready, next(self._seq), uid))
         self._gauges()

@@ -18,9 +18,10 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
-from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
+from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
 from gpu_scheduler.plugins.dra import Device, allocated, drivers_on, node_devices
-from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
+from gpu_scheduler.framework.snapshot import DraSupport, GangSnapshot, NodeSnapshot
+from gpu_scheduler.plugins.gang import GANG_ANNOTATION, gang_of
 from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
     SLICE_DELETE, SLICE_UPDATE,
@@ -104,6 +105,11 @@ class Views:
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
         self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
+        # Gangs (plugins/gang.py): workload -> the uids of its pending pods that ask for a gang, and
+        # workload -> uid -> namespace/name of its assigned pods (bound members count), kept with
+        # _pending and _pods_on: a gang's attempt looks up its members, not every pod.
+        self._gang_pending: dict[tuple[str, ...], dict[str, None]] = {}
+        self._assigned_of: dict[tuple[str, ...], dict[str, str]] = {}
         self._records: dict[tuple[str, str], Record] = {}
         self._records_on: dict[str, dict[str, Record]] = {}  # node -> device -> record, kept with _records
         # node -> a number that changes with every change of the node, its pods (assumed ones too),
@@ -178,6 +184,26 @@ class Views:
     def assigned_node(self, uid: str) -> str | None:
         with self._lock:
             return self._node_of.get(uid)
+
+    def gang(self, pod: Mapping[str, Any]) -> GangSnapshot | None:
+        """The gang `pod` belongs to, as this instance sees it: its workload's pending members
+        (those this instance has bound and the watch not yet shown count as bound), and its bound
+        ones. None when the pod asks for no gang; GangError for a malformed ask."""
+        key = workload(pod)
+        with self._lock:
+            assumed = {uid for pods in self._assumed.values() for uid in pods}
+            pending = [self._pending[uid].pod for uid in self._gang_pending.get(key, ())
+                       if uid not in assumed and self._pending[uid].pod is not None]
+            bound = list(self._assigned_of.get(key, {}).values())
+            bound += [f"{p.get('metadata', {}).get('namespace')}/{p.get('metadata', {}).get('name')}"
+                      for uid in self._gang_pending.get(key, ()) if uid in assumed
+                      for p in (self._pending[uid].pod,) if p is not None]
+        return gang_of(pod, pending, bound)
+
+    def assumed(self, uid: str) -> bool:
+        """This instance is binding the pod, or has bound it and the watch has not shown it yet."""
+        with self._lock:
+            return any(uid in pods for pods in self._assumed.values())
 
     def pending_uids(self) -> list[str]:
         with self._lock:
@@ -394,6 +420,12 @@ class Views:
                 for uid in [uid for uid in assumed if uid in self._node_of]:
                     del assumed[uid]
             self._pending, self._pending_bytes = pending, pending_bytes
+            self._gang_pending, self._assigned_of = {}, {}
+            for uid, entry in pending.items():
+                self._index_pending(uid, entry)
+            for pods in pods_on.values():
+                for uid, info in pods.items():
+                    self._assigned_of.setdefault(info.workload, {})[uid] = info.name
         for uid, node in left.items():
             self.queue.cluster_event(POD_LEAVES, node)
         for uid in gone_pending:
@@ -447,11 +479,22 @@ class Views:
             self._pending_bytes += size
         self._pending[uid] = PendingPod(*_name(pod), kept, fingerprint or _placement_fingerprint(pod),
                                         size if kept is not None else 0)
+        self._index_pending(uid, self._pending[uid])
+
+    def _index_pending(self, uid: str, entry: PendingPod) -> None:
+        """Inside the lock: a pending pod that asks for a gang, under its workload."""
+        if entry.pod is not None and GANG_ANNOTATION in (_meta(entry.pod).get("annotations") or {}):
+            self._gang_pending.setdefault(workload(entry.pod), {})[uid] = None
 
     def _drop_pending(self, uid: str) -> bool:
         entry = self._pending.pop(uid, None)
         if entry is not None:
             self._pending_bytes -= entry.size
+            if entry.pod is not None:
+                key = workload(entry.pod)
+                members = self._gang_pending.get(key)
+                if members is not None and members.pop(uid, 0) is None and not members:
+                    del self._gang_pending[key]
         return entry is not None
 
     def _put_assigned(self, node: str, uid: str, info: PodInfo) -> None:
@@ -461,6 +504,7 @@ class Views:
             return
         pods[uid] = info
         self._node_of[uid] = node
+        self._assigned_of.setdefault(info.workload, {})[uid] = info.name
         # A pod added is one more; a changed one means summing again (rare: resizes).
         self._listed[node] = self._listed.get(node, NodeInfo()).plus(info) if before is None \
             else NodeInfo.of(pods.values())
@@ -472,7 +516,12 @@ class Views:
         if node is None:
             return None
         pods = self._pods_on.get(node, {})
-        pods.pop(uid, None)
+        info = pods.pop(uid, None)
+        if info is not None:
+            of = self._assigned_of.get(info.workload, {})
+            of.pop(uid, None)
+            if not of:
+                self._assigned_of.pop(info.workload, None)
         self._listed[node] = NodeInfo.of(pods.values())
         self._assumed.get(node, {}).pop(uid, None)
         self._changed(node)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from .events import ClusterEvent
 from .snapshot import NodeSnapshot
@@ -58,6 +58,7 @@ class Status:
 
 
 SUCCESS = Status()
+SKIP = Status(Code.SKIP)
 
 
 def unschedulable(plugin: str, message: str, reason: str = "Unschedulable") -> Status:
@@ -154,6 +155,8 @@ class Cluster(Protocol):
     def snapshot(self, node: str) -> NodeSnapshot: ...
     def assume(self, pod: Pod, node: NodeSnapshot, devices: tuple[str, ...]) -> bool: ...
     def forget(self, pod: Pod, node: str) -> None: ...
+    def each(self, calls: "Sequence[Callable[[], Status]]") -> "list[Status]":
+        """Each call's Status, in order; concurrently where the shell can (a gang's Bindings)."""
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
     def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None: ...
     def read_record(self, node: str, device: str) -> Any: ...

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..plugins.defaultbinder import DefaultBinder
 from ..plugins.dynamicresources import DynamicResources
+from ..plugins.gang import Gang
 from ..plugins.gpusheld import GPUsHeld
 from ..plugins.mapentry import MapEntry
 from ..plugins.nodeaffinity import NodeAffinity
@@ -27,7 +28,7 @@ from .interface import (
 # Every plugin class of the profile: their names and events are known without a configuration.
 PLUGINS: tuple[type[Plugin], ...] = (
     MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity, NodeAffinity, NodePorts,
-    NodeResourcesFit, GPUsHeld, DynamicResources, DefaultBinder,
+    NodeResourcesFit, GPUsHeld, DynamicResources, Gang, DefaultBinder,
 )
 
 
@@ -49,15 +50,15 @@ class Profile:
 
 
 def default_profile(config: SchedulerConfig) -> Profile:
-    node_exists, gpus_held, dynamic = NodeExists(), GPUsHeld(), DynamicResources(config)
+    node_exists, gpus_held, dynamic, gang = NodeExists(), GPUsHeld(), DynamicResources(config), Gang()
     return Profile(
-        pre_filter=(MapEntry(), dynamic),
+        pre_filter=(MapEntry(), gang, dynamic),
         # NodeExists first: the filters after it read the node.
         filter=(node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
                 NodePorts(), NodeResourcesFit(), gpus_held, dynamic),
         post_filter=(),  # preemption comes here
         reserve=(gpus_held,),
-        permit=(),  # gangs come here
+        permit=(gang,),
         pre_bind=(dynamic,),
         bind=(DefaultBinder(),),
     )

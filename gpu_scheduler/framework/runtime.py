@@ -3,18 +3,25 @@
 `decide` is PreFilter and Filter on a snapshot of the pod's node: what bind, `plan --cluster` and
 `explain` all ask. `schedule` is bind's whole attempt: decide, assume the pod on the node (refused
 when the node changed since its snapshot: decided again), Reserve, Permit, PreBind, Bind; a
-failure after Reserve runs Unreserve in reverse order and forgets the pod."""
+failure after Reserve runs Unreserve in reverse order and forgets the pod.
+
+A gang's members go together (plugins/gang.py, docs/gangs.md): `decide_gang` decides each pending
+member alone and asks the Gang plugin's quorum, reserving nothing; `schedule_gang` then assumes
+and reserves the placeable members in one global (node, device) order, asks the quorum again
+(Permit), runs PreBind for every member and only then the Bindings. A failure before the
+Bindings unreserves every member, in reverse order."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..placement import Resolved
+from ..placement import Resolved, metadata
+from ..plugins import gang as gangs
 from ..plugins.mapentry import resolved
 from .interface import RETRY, SUCCESS, Cluster, Code, CycleState, Status, error
 from .profile import Profile
-from .snapshot import NodeSnapshot
+from .snapshot import GangSnapshot, NodeSnapshot
 
 STALE_TRIES = 20  # decisions of one attempt whose node changed before the pod was assumed on it
 PRE_FILTER, FILTER, POST_FILTER, RESERVE, PERMIT, PRE_BIND, BIND = (
@@ -47,6 +54,43 @@ class Outcome:
     @property
     def bound(self) -> bool:
         return self.status.code is Code.SUCCESS
+
+
+@dataclass(frozen=True)
+class MemberDecision:
+    pod: Mapping[str, Any]
+    decision: Decision
+
+    @property
+    def name(self) -> str:
+        return _name(self.pod)
+
+
+@dataclass(frozen=True)
+class GangDecision:
+    """decide_gang's answer: SUCCESS when enough members are placeable now (those in `members`
+    whose decision is SUCCESS), else the Gang plugin's refusal or a member's ERROR. `members`: each
+    pending member's own decision, in index order (empty when too few members exist and the
+    caller did not ask for every member's); `waits_on`: the refused member the gang waits for."""
+
+    status: Status
+    members: tuple[MemberDecision, ...]
+    waits_on: MemberDecision | None = None
+
+    @property
+    def placeable(self) -> tuple[MemberDecision, ...]:
+        return tuple(m for m in self.members if m.decision.status.ok)
+
+
+@dataclass(frozen=True)
+class GangOutcome:
+    """What bind's attempt at a gang came to: the gang's status (SUCCESS: its placeable members
+    bound), each pending member's own Outcome, and the member whose refusal it waits on (for the
+    queue's hints: that member's plugin and node)."""
+
+    status: Status
+    members: tuple[tuple[Mapping[str, Any], Outcome], ...]
+    waits_on: Outcome | None = None
 
 
 class Framework:
@@ -82,6 +126,128 @@ class Framework:
         return Outcome(error("", f"node {node.name} changed {STALE_TRIES} times while deciding", RETRY), node.name,
                        RESERVE)
 
+    def decide_gang(self, gang: GangSnapshot, snapshot_of: Callable[[str], NodeSnapshot],
+                    every_member: bool = False) -> GangDecision:
+        """Each pending member decided alone on snapshots, and the Gang plugin's quorum: enough
+        members exist, and enough pass their filters (bound members count). Nothing written.
+        Members are decided only when enough exist, unless `every_member` (explain, plan)."""
+        exist = gangs.members_exist(gang)
+        if not exist.ok and not every_member:
+            return GangDecision(exist, ())
+        members = tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in gang.pending)
+        failed = next((m for m in members if m.decision.status.code is Code.ERROR), None)
+        if failed is not None:
+            return GangDecision(failed.decision.status, members, failed)
+        if not exist.ok:
+            return GangDecision(exist, members)
+        refused = next((m for m in members if not m.decision.status.ok), None)
+        placeable = sum(1 for m in members if m.decision.status.ok)
+        if refused is None:
+            return GangDecision(SUCCESS, members)
+        return GangDecision(gangs.members_placeable(gang, placeable, refused.name, refused.decision.status), members,
+                            refused)
+
+    def schedule_gang(self, gang: GangSnapshot, cluster: Cluster) -> GangOutcome:
+        """bind's attempt at a gang: decide_gang; then every placeable member assumed and
+        reserved in (node, device) order, the quorum asked again, PreBind for all, and the
+        Bindings (through cluster.each, concurrently where the shell can). A refusal or failure
+        before the Bindings unreserves every member reserved, in reverse order, and forgets them."""
+        decided = self.decide_gang(gang, cluster.snapshot)
+        if not decided.status.ok:
+            # the queue's hint: the refused member's own plugin and node
+            waits_on = _outcome_of(decided.waits_on, decided.waits_on.decision.status) if decided.waits_on else None
+            return GangOutcome(decided.status, tuple((pod, Outcome(decided.status, _node_of(pod, decided), FILTER))
+                                                     for pod in gang.pending), waits_on)
+        alone = tuple((m.pod, _outcome_of(m, m.decision.status)) for m in decided.members if not m.decision.status.ok)
+        order = sorted(decided.placeable, key=lambda m: (m.decision.node.name, m.decision.entry.placement.devices))
+        reserved: list[tuple[MemberDecision, list]] = []
+        failure: tuple[Status, str, str, str] | None = None  # (status, member, node, phase)
+        for member in order:
+            member, status, plugins = self._reserve_member(member, cluster)
+            if status.ok:
+                reserved.append((member, plugins))
+                continue
+            failure = (status, member.name, member.decision.node.name if member.decision.node else "", RESERVE)
+            break
+        if failure is None:
+            permit = gangs.members_reserved(gang, len(reserved))
+            if not permit.ok:
+                failure = (permit, "", "", PERMIT)
+        if failure is None:
+            for member, _ in reserved:
+                status = _first_not_ok(self.profile.pre_bind, lambda p: p.pre_bind(
+                    member.decision.state, member.pod, member.decision.node, cluster))
+                if not status.ok:
+                    failure = (status, member.name, member.decision.node.name, PRE_BIND)
+                    break
+        if failure is not None:
+            self._release(reserved, cluster)
+            status, member, node, phase = failure
+            if status.refused and phase != PERMIT:
+                status = gangs.members_reserved(gang, len(reserved), member, status)
+            elif status.code is Code.ERROR and member:
+                status = dataclasses.replace(status, message=f"gang {gang.name}: member {member}: {status.message}")
+            return GangOutcome(status, tuple((m.pod, Outcome(status, m.decision.node.name if m.decision.node else "",
+                                                             phase)) for m in decided.members) + (),
+                               Outcome(status, node, phase))
+        bound = cluster.each([lambda m=m: self._bind_member(m, plugins, cluster) for m, plugins in reserved])
+        outcomes = tuple((m.pod, Outcome(status, m.decision.node.name, BIND))
+                         for (m, _), status in zip(reserved, bound)) + alone
+        failed_bind = next((o for _, o in outcomes if o.phase == BIND and not o.bound), None)
+        return GangOutcome(failed_bind.status if failed_bind else SUCCESS, outcomes, failed_bind)
+
+    def _reserve_member(self, member: MemberDecision, cluster: Cluster) -> tuple[MemberDecision, Status, list]:
+        """Assume the member on its node (decided again while the node changed under the
+        decision, as by earlier members of its own gang) and run Reserve; on a refusal, what it
+        reserved is undone here."""
+        for _ in range(STALE_TRIES):
+            node = member.decision.node
+            if cluster.assume(member.pod, node, member.decision.entry.placement.devices):
+                break
+            member = MemberDecision(member.pod, self.decide(member.pod, cluster.snapshot))
+            if not member.decision.status.ok:
+                return member, member.decision.status, []
+        else:
+            return member, error("", f"node {member.decision.node.name} changed {STALE_TRIES} times while deciding",
+                                 RETRY), []
+        state, node, reserved = member.decision.state, member.decision.node, []
+        for plugin in self.profile.reserve:
+            reserved.append(plugin)
+            status = plugin.reserve(state, member.pod, node, cluster)
+            if not status.ok:
+                for done in reversed(reserved):
+                    done.unreserve(state, member.pod, node, cluster)
+                cluster.forget(member.pod, node.name)
+                return member, status, []
+        for plugin in self.profile.permit:
+            status = plugin.permit(state, member.pod, node)
+            if status.code is not Code.WAIT and not status.ok:  # the Gang plugin waits: the quorum decides
+                for done in reversed(reserved):
+                    done.unreserve(state, member.pod, node, cluster)
+                cluster.forget(member.pod, node.name)
+                return member, status, []
+        return member, SUCCESS, reserved
+
+    @staticmethod
+    def _release(reserved: list[tuple[MemberDecision, list]], cluster: Cluster) -> None:
+        for member, plugins in reversed(reserved):
+            for plugin in reversed(plugins):
+                plugin.unreserve(member.decision.state, member.pod, member.decision.node, cluster)
+            cluster.forget(member.pod, member.decision.node.name)
+
+    def _bind_member(self, member: MemberDecision, plugins: list, cluster: Cluster) -> Status:
+        """One Binding of a gang. A member that failed here is unreserved alone: the others may be
+        bound already, and they count toward its gang when it is tried again."""
+        state, node = member.decision.state, member.decision.node
+        status = _first_not_ok(self.profile.bind, lambda p: p.bind(state, member.pod, node, cluster),
+                               stop_at_success=True)
+        if not (status.code is Code.SUCCESS and not status.reason):
+            if status.code is not Code.SUCCESS:
+                for plugin in reversed(plugins):
+                    plugin.unreserve(state, member.pod, node, cluster)
+            cluster.forget(member.pod, node.name)
+        return status
+
     def _post_filter(self, pod, decision: Decision, cluster: Cluster) -> Outcome:
         """The refusal stands; PostFilter plugins may act so that a later attempt succeeds."""
         for plugin in self.profile.post_filter:
@@ -99,8 +265,8 @@ class Framework:
 
         def permit(plugin) -> Status:
             status = plugin.permit(state, pod, node)
-            # no plugin of this profile waits yet: a Permit that asks to is refused, not ignored
-            return error(plugin.name, "Permit asked to wait; this profile cannot hold a pod") \
+            # only gang members wait, and bind places them with schedule_gang: a pod never waits alone
+            return error(plugin.name, f"Permit asked to wait: {status.message}") \
                 if status.code is Code.WAIT else status
 
         status, phase = SUCCESS, RESERVE
@@ -117,6 +283,23 @@ class Framework:
                     plugin.unreserve(state, pod, node, cluster)
             cluster.forget(pod, node.name)
         return Outcome(status, node.name, phase)
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    meta = metadata(pod)
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _outcome_of(member: MemberDecision, status: Status) -> Outcome:
+    node = member.decision.node
+    return Outcome(status, node.name if node else "", member.decision.phase)
+
+
+def _node_of(pod: Mapping[str, Any], decided: GangDecision) -> str:
+    for member in decided.members:
+        if member.pod is pod:
+            return member.decision.node.name if member.decision.node else ""
+    return ""
 
 
 def _first_not_ok(plugins, run: Callable[[Any], Status], stop_at_success: bool = False) -> Status:

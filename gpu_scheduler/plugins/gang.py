@@ -1,0 +1,139 @@
+"""Gang (PreFilter, Permit): a workload's replicas bound together, or none of them holding
+anything (docs/gangs.md). The pod template opts in with `gpu-scheduler/gang`: "true" (every entry
+of the map) or N (that many replicas). The gang is the workload (fit.workload: one controller in
+one namespace), and its members are its non-terminal pods; bound members count toward the quorum,
+as in scheduler-plugins' coscheduling, so a member re-created while the rest are bound goes alone.
+
+PreFilter refuses a malformed value (only the pod can fix it). Permit is the quorum, asked of the
+gang as a whole at three points of bind's attempt (Framework.decide_gang and schedule_gang): enough
+members exist, enough are placeable on their own, enough are reserved. Nothing is reserved before
+the second says yes, so a gang that cannot complete holds no device while it waits; kube-scheduler
+instead holds a waiting pod's reservation in Permit, which is what the issue forbids."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from ..framework.interface import SKIP, SUCCESS, Code, CycleState, PermitPlugin, PreFilterPlugin, Status, \
+    unresolvable, unschedulable
+from ..framework.snapshot import GangSnapshot
+from ..fit import workload
+from ..placement import map_text, metadata
+from ..podindex import IndexUnknown, pod_index
+from ..schedmap import MapError, parse_map, shown
+
+NAME = "Gang"
+GANG_ANNOTATION = "gpu-scheduler/gang"
+SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
+MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
+
+
+class GangError(ValueError):
+    """A malformed gpu-scheduler/gang value, in words that name the fix."""
+
+
+def gang_size(pod: Mapping[str, Any]) -> int | None:
+    """How many replicas the pod's gang needs, or None when the pod is no gang's member.
+    GangError for a value that is neither "true", "false" nor a number from 1 to the map's entries."""
+    annotations = metadata(pod).get("annotations") or {}
+    value = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if value is None or value == "false":
+        return None
+    fix = (f'set {GANG_ANNOTATION} to "true" (the gang is every entry of the map), to the number of replicas the'
+           ' gang needs, or to "false"')
+    if not isinstance(value, str) or not (value == "true" or (value.isascii() and value.isdigit())):
+        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} is not a gang size: {fix}")
+    try:
+        entries = len(parse_map(map_text(pod) or ""))
+    except MapError:
+        entries = 0  # MapEntry refuses the map itself, with its own words
+    if value == "true":
+        return max(entries, 1)
+    size = int(value[:12])  # more digits than that exceed any map
+    if size < 1 or (entries and size > entries):
+        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} must be from 1 to the map's {entries} entries: {fix}")
+    return size
+
+
+def gang_name(pod: Mapping[str, Any]) -> str:
+    """The gang as users know it: <namespace>/<controller>, or a bare pods' map."""
+    who = workload(pod)
+    if who[0] == "owner":
+        return f"{who[1]}/{who[3]}"
+    return f"{who[1]}/pods of one map"
+
+
+def _index(pod: Mapping[str, Any]) -> tuple[int, str]:
+    try:
+        return pod_index(metadata(pod)), str(metadata(pod).get("name") or "")
+    except IndexUnknown:
+        return 1 << 62, str(metadata(pod).get("name") or "")
+
+
+def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound: Iterable[str]) -> GangSnapshot | None:
+    """The gang `pod` belongs to, from its workload's pending pods that ask for a gang and its
+    bound pods' names (`pod` itself among the pending ones or not); None when it is no gang's
+    member. GangError as gang_size."""
+    size = gang_size(pod)
+    if size is None:
+        return None
+    uid = metadata(pod).get("uid")
+    members = {str(metadata(p).get("uid")): p for p in pending if gang_size_or_none(p) is not None}
+    members[str(uid)] = pod
+    return GangSnapshot(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)))
+
+
+def gang_size_or_none(pod: Mapping[str, Any]) -> int | None:
+    try:
+        return gang_size(pod)
+    except GangError:
+        return None
+
+
+def members_exist(gang: GangSnapshot) -> Status:
+    """The first quorum: enough members exist at all (bound or pending)."""
+    have = len(gang.pending) + len(gang.bound)
+    if have >= gang.size:
+        return SUCCESS
+    return unschedulable(NAME, f"gang {gang.name}: {have} of {gang.size} members exist; bind places none until"
+                               f" {gang.size} do (a StatefulSet creates them together only with podManagementPolicy:"
+                               " Parallel)", MEMBERS_MISSING)
+
+
+def members_placeable(gang: GangSnapshot, placeable: int, refused_member: str, refusal: Status) -> Status:
+    """The second quorum: enough members pass the filters on their own nodes, nothing reserved
+    yet. `refused_member` and `refusal`: the first member refused, the one the gang waits on."""
+    have = placeable + len(gang.bound)
+    if have >= gang.size:
+        return SUCCESS
+    bound = f" ({len(gang.bound)} bound)" if gang.bound else ""
+    return Status(refusal.code if refusal.refused else Code.UNSCHEDULABLE, NAME,
+                  f"gang {gang.name}: {have} of {gang.size} members placeable{bound}; member {refused_member}:"
+                  f" {refusal.message}", MEMBERS_REFUSED)
+
+
+def members_reserved(gang: GangSnapshot, reserved: int, lost_member: str = "", refusal: Status | None = None) -> Status:
+    """The third quorum: enough members reserved (their devices recorded, their claims allocated)."""
+    if reserved + len(gang.bound) >= gang.size:
+        return SUCCESS
+    why = f"; member {lost_member}: {refusal.message}" if refusal is not None else ""
+    return unschedulable(NAME, f"gang {gang.name}: {reserved + len(gang.bound)} of {gang.size} members reserved,"
+                               f" the rest released{why}", RESERVATION_LOST)
+
+
+class Gang(PreFilterPlugin, PermitPlugin):
+    name = NAME
+    # A gang waits on its members: their own refusals are retried on their plugins' events, and a
+    # new member is a new pod (always tried). Nothing else can undo a gang's refusal.
+
+    def pre_filter(self, state: CycleState, pod) -> Status:
+        try:
+            state.write(SIZE, gang_size(pod))
+        except GangError as why:
+            return unresolvable(NAME, str(why), "InvalidGang")
+        return SUCCESS
+
+    def permit(self, state: CycleState, pod, node) -> Status:
+        """Alone, a gang member waits for its gang (bind attempts it with the gang instead)."""
+        if state.read(SIZE) is None:
+            return SKIP
+        return Status(Code.WAIT, NAME, "a gang member is placed with its gang")

@@ -1,0 +1,186 @@
+"""Gangs in the framework (gpu_scheduler/plugins/gang.py, runtime.decide_gang and schedule_gang)
+with plugins made in the test: the annotation's values, the three quorums and their words, the
+reservation order, and every member unreserved when one fails before the Bindings. No Kubernetes
+API: the handle only records what was asked (the real stack's tests are test_gang_cluster.py)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
+from gpu_scheduler.framework.interface import SUCCESS, Code, error, unschedulable
+from gpu_scheduler.framework.profile import Profile
+from gpu_scheduler.framework.runtime import Framework
+from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.plugins.gang import (
+    GANG_ANNOTATION, MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, GangError, gang_of, gang_size,
+)
+from gpu_scheduler.plugins.mapentry import MapEntry, resolved
+from test_framework import NODE, Handle, Step
+
+MAP = "0=node2:1\n1=node1:0\n2=node1:1\n"
+
+
+def member(index: int, gang: str = "true", text: str = MAP) -> dict:
+    return {"metadata": {"name": f"train-{index}", "namespace": "ns", "uid": f"u{index}",
+                         "labels": {"apps.kubernetes.io/pod-index": str(index)},
+                         "ownerReferences": [{"controller": True, "kind": "StatefulSet", "name": "train", "uid": "s"}],
+                         "annotations": {ANNOTATION: text, GANG_ANNOTATION: gang}},
+            "spec": {"schedulerName": SCHEDULER_NAME}}
+
+
+@pytest.mark.parametrize("value, size", [("true", 3), ("2", 2), ("1", 1), ("3", 3), ("false", None), (None, None)])
+def test_the_gang_size_the_annotation_asks_for(value, size):
+    pod = member(0)
+    if value is None:
+        del pod["metadata"]["annotations"][GANG_ANNOTATION]
+    else:
+        pod["metadata"]["annotations"][GANG_ANNOTATION] = value
+    assert gang_size(pod) == size
+
+
+@pytest.mark.parametrize("value", ["0", "4", "True", "yes", "-1", "", " 2", "２", "9" * 40])
+def test_a_malformed_gang_size_names_the_fix(value):
+    with pytest.raises(GangError) as refused:
+        gang_size(member(0, value))
+    assert GANG_ANNOTATION in str(refused.value) and '"true"' in str(refused.value)
+
+
+class Members(Handle):
+    """Nodes by name; a node's refusal by the Step filter given per node; assume always holds."""
+
+    def snapshot(self, node):
+        self.calls.append(f"snapshot {node}")
+        return NodeSnapshot(node, NODE)
+
+    def assume(self, pod, node, devices):
+        self.calls.append(f"assume {pod['metadata']['name']}")
+        return True
+
+    def forget(self, pod, node):
+        self.calls.append(f"forget {pod['metadata']['name']}")
+
+    def each(self, calls):
+        return [call() for call in calls]
+
+
+@dataclasses.dataclass
+class PerNode(Step):
+    """A filter and reserve that answers per node (`answers`), SUCCESS elsewhere."""
+
+    answers: dict = dataclasses.field(default_factory=dict)
+
+    def filter(self, state, pod, node):
+        return self.answers.get(("filter", node.name), SUCCESS)
+
+    def reserve(self, state, pod, node, cluster):
+        cluster.calls.append(f"reserve {pod['metadata']['name']}")
+        return self.answers.get(("reserve", pod["metadata"]["name"]), SUCCESS)
+
+    def unreserve(self, state, pod, node, cluster):
+        cluster.calls.append(f"unreserve {pod['metadata']['name']}")
+
+    def pre_bind(self, state, pod, node, cluster):
+        cluster.calls.append(f"prebind {pod['metadata']['name']}")
+        return SUCCESS
+
+    def bind(self, state, pod, node, cluster):
+        cluster.calls.append(f"bind {pod['metadata']['name']}")
+        return self.answers.get(("bind", pod["metadata"]["name"]), SUCCESS)
+
+
+def framework(step: PerNode) -> Framework:
+    gang = Gang()
+    return Framework(Profile((MapEntry(), gang), (step,), (), (step,), (gang,), (step,), (step,)))
+
+
+def gang(*indexes: int, bound=(), size: str = "true"):
+    pods = [member(i, size) for i in indexes]
+    return gang_of(pods[0], pods, bound)
+
+
+def test_members_missing_decide_nothing_and_say_how_many_exist():
+    handle = Members()
+    outcome = framework(PerNode("s")).schedule_gang(gang(0, 1), handle)
+    assert outcome.status.code is Code.UNSCHEDULABLE and outcome.status.reason == MEMBERS_MISSING
+    assert outcome.status.message.startswith("gang ns/train: 2 of 3 members exist;")
+    assert "podManagementPolicy: Parallel" in outcome.status.message
+    assert handle.calls == [] and outcome.waits_on is None
+
+
+def test_a_refused_member_holds_the_gang_back_with_nothing_reserved():
+    handle = Members()
+    step = PerNode("s", answers={("filter", "node1"): unschedulable("GPUsHeld", "GPU 1 on node1 is held by ns/x-0")})
+    outcome = framework(step).schedule_gang(gang(0, 1, 2), handle)
+    assert outcome.status.reason == MEMBERS_REFUSED and outcome.status.plugin == "Gang"
+    assert outcome.status.message == "gang ns/train: 1 of 3 members placeable; member ns/train-1: GPU 1 on node1 is held by ns/x-0"
+    assert (outcome.waits_on.status.plugin, outcome.waits_on.node) == ("GPUsHeld", "node1")
+    assert not [c for c in handle.calls if not c.startswith("snapshot")]  # decided only: nothing assumed or written
+    assert [pod["metadata"]["name"] for pod, _ in outcome.members] == ["train-0", "train-1", "train-2"]
+
+
+def test_members_are_reserved_in_node_then_device_order_and_bound_after_every_prebind():
+    handle = Members()
+    outcome = framework(PerNode("s")).schedule_gang(gang(0, 1, 2), handle)
+    assert outcome.status.ok and all(o.bound for _, o in outcome.members)
+    writes = [c for c in handle.calls if not c.startswith("snapshot")]
+    assert writes == ["assume train-1", "reserve train-1", "assume train-2", "reserve train-2",  # node1: 0, then 1
+                      "assume train-0", "reserve train-0",  # node2
+                      "prebind train-1", "prebind train-2", "prebind train-0",
+                      "bind train-1", "bind train-2", "bind train-0"]
+
+
+def test_a_lost_reservation_unreserves_every_member_in_reverse_and_binds_none():
+    handle = Members()
+    lost = unschedulable("GPUsHeld", "GPU 1 on node2 is held by ns/other-0")
+    outcome = framework(PerNode("s", answers={("reserve", "train-0"): lost})).schedule_gang(gang(0, 1, 2), handle)
+    assert outcome.status.reason == RESERVATION_LOST
+    assert outcome.status.message.startswith("gang ns/train: 2 of 3 members reserved, the rest released; member ns/train-0")
+    writes = [c for c in handle.calls if not c.startswith("snapshot")]
+    assert writes[-7:] == ["reserve train-0", "unreserve train-0", "forget train-0",  # its own, at once
+                           "unreserve train-2", "forget train-2", "unreserve train-1", "forget train-1"]  # reverse
+    assert not any(c.startswith(("bind", "prebind")) for c in writes)
+
+
+def test_an_api_failure_while_reserving_releases_all_and_is_retried():
+    handle = Members()
+    failed = error("GPUsHeld", "writing the record of GPU 0 on node1: connection refused")
+    outcome = framework(PerNode("s", answers={("reserve", "train-2"): failed})).schedule_gang(gang(0, 1, 2), handle)
+    assert outcome.status.code is Code.ERROR and outcome.status.reason == "Retry"
+    assert "member ns/train-2" in outcome.status.message
+    assert "unreserve train-1" in handle.calls and not any(c.startswith("bind") for c in handle.calls)
+
+
+def test_bound_members_count_so_a_re_created_member_goes_alone():
+    handle = Members()
+    pods = [member(1)]
+    alone = gang_of(pods[0], pods, ["ns/train-0", "ns/train-2"])
+    outcome = framework(PerNode("s")).schedule_gang(alone, handle)
+    assert outcome.status.ok and [o.bound for _, o in outcome.members] == [True]
+
+
+def test_a_gang_of_n_binds_once_n_are_placeable_and_leaves_the_refused_one_its_own_reason():
+    handle = Members()
+    step = PerNode("s", answers={("filter", "node2"): unschedulable("NodeReady", "node node2 is not Ready")})
+    outcome = framework(step).schedule_gang(gang(0, 1, 2, size="2"), handle)
+    by_name = {pod["metadata"]["name"]: o for pod, o in outcome.members}
+    assert by_name["train-1"].bound and by_name["train-2"].bound
+    assert by_name["train-0"].status.plugin == "NodeReady"
+
+
+def test_a_member_alone_never_waits_in_permit():
+    """schedule() is for pods of no gang: a gang member there is an error, not a silent hold."""
+    outcome = framework(PerNode("s")).schedule(member(0), Members())
+    assert outcome.status.code is Code.ERROR and outcome.phase == "Permit"
+
+
+def test_a_malformed_gang_is_refused_by_its_prefilter_alone():
+    outcome = framework(PerNode("s")).schedule(member(0, "many"), Members())
+    assert (outcome.status.plugin, outcome.status.code, outcome.phase) == ("Gang", Code.UNRESOLVABLE, "PreFilter")
+
+
+def test_explain_decides_every_member_even_when_some_are_missing():
+    decided = framework(PerNode("s")).decide_gang(gang(0, 1), Members().snapshot, every_member=True)
+    assert decided.status.reason == MEMBERS_MISSING and [m.name for m in decided.members] == ["ns/train-0", "ns/train-1"]
+    assert all(m.decision.status.ok for m in decided.members) and resolved(decided.members[0].decision.state).index == 0
