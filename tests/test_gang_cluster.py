@@ -31,6 +31,7 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -175,6 +176,31 @@ def delete_workload(stack, namespace: str, name: str) -> None:
         namespace, field_selector=f"metadata.name={name}").items, 20, f"StatefulSet {name} deleted")
     stack.api.delete_collection_namespaced_pod(namespace, label_selector=f"app={name}", grace_period_seconds=0)
     stack.wait_for(lambda: not members(stack, namespace, name), 20, f"the pods of {name} deleted")
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (zombies included: a child is listed until reaped)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            own, rest = stat.read_text().split(" ", 1)
+        except OSError:
+            continue  # gone meanwhile
+        if int(rest.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: its parent
+            found.add(int(own))
+    return found
+
+
+def kill_instance(server) -> None:
+    """A bind instance (conftest's FunctionServer: gunicorn's master and its worker) killed at
+    once, its master stopped first so that it starts no other worker. Not stop(): a worker
+    draining after SIGTERM goes on placing pods meanwhile."""
+    master = server.process.pid
+    os.kill(master, signal.SIGSTOP)
+    for child in children(master):
+        os.kill(child, signal.SIGKILL)
+    server.process.kill()
+    server.process.wait(timeout=10)
 
 
 def create_at_once(stack, manifests: list[dict]) -> None:
@@ -376,17 +402,19 @@ def test_bind_killed_between_two_bindings_of_a_gang_the_next_instance_binds_the_
     try:
         dying = ready_instance(stack, **{EXIT_AFTER_BINDINGS: "1"})
         try:
+            [worker] = children(dying.process.pid)  # functions-framework's gunicorn: one worker
             stack.apply(gang_statefulset(namespace, "relay", entries))
 
             def exited():
                 assert len(bound_of(members(stack, namespace, "relay"))) < len(entries), \
                     f"the instance bound the whole gang without exiting:\n{dying.output()[-3000:]}"
-                return "exited with code 17" in dying.output()
-            stack.wait_for(exited, 30, "the instance exiting after a Binding", interval=0.02)
+                return worker not in children(dying.process.pid)  # exited, and reaped by its master
+            stack.wait_for(exited, 30, "the instance's worker exiting after a Binding", interval=0.02)
         finally:
-            dying.stop()
+            kill_instance(dying)  # its master would start another worker, which would bind the next
+        assert f"Worker (pid:{worker}) exited with code 17" in dying.output(), dying.output()[-3000:]
         bound = bound_of(members(stack, namespace, "relay"))
-        assert len(bound) == 1, f"bound when the instance died: {bound}"
+        assert len(bound) == 1, f"bound when the instance died: {bound}\n{dying.output()[-3000:]}"
         assert {(r.node, r.device) for r in records_naming(stack, namespace, "relay")} == \
             {(a, str(d)) for d in range(4)}, "the gang's records, all written before its first Binding"
     finally:
