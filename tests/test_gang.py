@@ -184,3 +184,30 @@ def test_explain_decides_every_member_even_when_some_are_missing():
     decided = framework(PerNode("s")).decide_gang(gang(0, 1), Members().snapshot, every_member=True)
     assert decided.status.reason == MEMBERS_MISSING and [m.name for m in decided.members] == ["ns/train-0", "ns/train-1"]
     assert all(m.decision.status.ok for m in decided.members) and resolved(decided.members[0].decision.state).index == 0
+
+
+def test_dra_unreserve_takes_back_the_allocation_this_attempt_wrote():
+    """A gang member whose claim PreBind allocated, when a later member fails: the claim is
+    deallocated at the version written, so the unbound member holds no device (DRA mode)."""
+    from gpu_scheduler.framework.config import SchedulerConfig
+    from gpu_scheduler.framework.interface import CycleState
+    from gpu_scheduler.plugins.dynamicresources import ALLOCATED, DynamicResources
+
+    written = {"metadata": {"name": "train-0-gpus", "namespace": "ns", "resourceVersion": "7",
+                            "finalizers": ["resource.kubernetes.io/delete-protection"]},
+               "status": {"allocation": {"devices": {"results": []}}, "reservedFor": [{"resource": "pods"}]}}
+
+    class Claims:
+        updates: list = []
+
+        def update_claim_status(self, namespace, name, body):
+            self.updates.append((namespace, name, body))
+            return body
+
+    state, cluster = CycleState(), Claims()
+    DynamicResources(SchedulerConfig()).unreserve(state, member(0), None, cluster)
+    assert cluster.updates == []  # nothing allocated by this attempt: nothing taken back
+    state.write(ALLOCATED, written)
+    DynamicResources(SchedulerConfig()).unreserve(state, member(0), None, cluster)
+    (namespace, name, body), = cluster.updates
+    assert (namespace, name, body["metadata"]["resourceVersion"], body["status"]) == ("ns", "train-0-gpus", "7", {})

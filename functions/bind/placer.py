@@ -379,10 +379,12 @@ class Placer:
         for member, member_outcome in outcome.members:
             member_ref = PodRef.of(member)
             settled = self._gang_member(member_ref, outcome, member_outcome, started, member_ref.uid == ref.uid)
+            settled = dataclasses.replace(settled, jitter=settled.retry)  # a gang's retries never meet again
             if member_ref.uid == ref.uid:
                 attempt = settled
             else:
-                self.queue.settle(member_ref.uid, began, settled.refused, settled.retry, settled.jitter)
+                self.queue.settle(member_ref.uid, began, settled.outcome, settled.refused, settled.retry,
+                                  settled.jitter)
         return attempt
 
     def _gang_member(self, ref: PodRef, gang: GangOutcome, outcome: Outcome, started: float, attempted: bool) -> Attempt:
@@ -399,7 +401,8 @@ class Placer:
             self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
         if attempted:
             self._attempted("unschedulable", started)
-        report = self._report(ref, status.reason, status.message, outcome.node, plugin=GANG) if attempted else {}
+        report = self._report(ref, status.reason, status.message, outcome.node, plugin=GANG) if attempted else \
+            {"result": status.reason, "pod": str(ref), "message": status.message, "plugin": GANG}
         if status.reason == gangs.RESERVATION_LOST:
             return Attempt(report, retry=True, jitter=True)
         waits_on = gang.waits_on

@@ -91,13 +91,16 @@ class SchedulingQueue:
         with self._cond:
             return self._moves
 
-    def settle(self, uid: str, began: int, refused: Refused | None = None, retry: bool = False,
-               jitter: bool = False) -> None:
+    def settle(self, uid: str, began: int, outcome: dict[str, Any], refused: Refused | None = None,
+               retry: bool = False, jitter: bool = False) -> None:
         """Another pod's attempt, begun at moves() `began`, decided this one too (a gang's
-        members): it waits as that attempt says, as if tried, unless an attempt at it is running
-        (that one decides). A pod forgotten meanwhile stays forgotten."""
+        members): `outcome` is this pod's, and it waits as that attempt says, as if tried, unless an
+        attempt at it is running (that one decides). A pod forgotten meanwhile stays forgotten."""
         with self._cond:
-            if uid in self._in_flight or uid not in self._attempts and uid not in self._in_active:
+            if uid in self._in_flight:
+                return
+            self._record(uid, outcome)
+            if uid not in self._attempts and uid not in self._in_active:
                 return
             self._in_active.discard(uid)  # left in the deque, skipped when popped
             self._backoff_at.pop(uid, None)
@@ -121,10 +124,7 @@ class SchedulingQueue:
             self._in_flight.discard(uid)
             if self._began.pop(uid, self._moves) < self._moves and refused is not None:
                 refused, retry = None, True  # an event came during the attempt: it may undo the refusal
-            self._outcomes[uid] = (next(self._done_count), outcome)
-            self._outcomes.move_to_end(uid)
-            while len(self._outcomes) > MAX_OUTCOMES:
-                self._outcomes.popitem(last=False)
+            self._record(uid, outcome)
             if uid in self._again:
                 self._again.discard(uid)
                 self._activate(uid)
@@ -185,6 +185,13 @@ class SchedulingQueue:
                 self._cond.wait(max(0.01, min(wait, 1.0)))
 
     # -- inside the lock ----------------------------------------------------------------------
+    def _record(self, uid: str, outcome: dict[str, Any]) -> None:
+        self._outcomes[uid] = (next(self._done_count), outcome)
+        self._outcomes.move_to_end(uid)
+        while len(self._outcomes) > MAX_OUTCOMES:
+            self._outcomes.popitem(last=False)
+        self._cond.notify_all()
+
     def _activate(self, uid: str) -> None:
         if uid not in self._in_active:
             self._in_active.add(uid)

@@ -57,7 +57,7 @@ def default_profile(config: SchedulerConfig) -> Profile:
         filter=(node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
                 NodePorts(), NodeResourcesFit(), gpus_held, dynamic),
         post_filter=(),  # preemption comes here
-        reserve=(gpus_held,),
+        reserve=(gpus_held, dynamic),  # Unreserve in reverse: the claim's allocation, then the records
         permit=(gang,),
         pre_bind=(dynamic,),
         bind=(DefaultBinder(),),

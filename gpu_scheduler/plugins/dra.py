@@ -482,6 +482,14 @@ def claim_step(claim: Mapping[str, Any] | None, pod: Mapping[str, Any], wanted: 
     return UpdateStatus(body)
 
 
+def deallocated(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """The status update that takes back an allocation bind wrote: no allocation, reserved for
+    nobody, at the claim's resourceVersion."""
+    body = _copy(claim)
+    body["status"] = {k: v for k, v in body["status"].items() if k not in ("allocation", "reservedFor")}
+    return body
+
+
 def _copy(claim: Mapping[str, Any]) -> dict[str, Any]:
     """The claim as written back: what it was read as, its resourceVersion the precondition."""
     body = json.loads(json.dumps(claim))

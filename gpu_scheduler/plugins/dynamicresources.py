@@ -18,8 +18,8 @@ from ..devices import DRA, MODE_ANNOTATION
 from ..framework.config import SchedulerConfig
 from ..framework.events import CLAIM_DELETE, CLAIM_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE
 from ..framework.interface import (
-    SUCCESS, CycleState, FilterPlugin, PreBindPlugin, PreFilterPlugin, Status, api_failure, error, unresolvable,
-    unschedulable,
+    SUCCESS, CycleState, FilterPlugin, PreBindPlugin, PreFilterPlugin, ReservePlugin, Status, api_failure, error,
+    unresolvable, unschedulable,
 )
 from ..framework.snapshot import DraSupport
 from ..placement import metadata
@@ -27,6 +27,7 @@ from .mapentry import resolved
 
 NAME = "DynamicResources"
 WANTED = "DynamicResources/wanted"  # CycleState: the dra.Wanted filter decided, None for a pod not in DRA mode
+ALLOCATED = "DynamicResources/allocated"  # CycleState: the claim as this attempt's PreBind allocated it
 CLAIM_TRIES = 5  # writes of one pod's claim in one attempt (a create, the finalizer, the status; 409s)
 
 
@@ -41,7 +42,7 @@ def claim_key(pod: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), dra.claim_name(str(meta.get("name") or ""))
 
 
-class DynamicResources(PreFilterPlugin, FilterPlugin, PreBindPlugin):
+class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlugin):
     name = NAME
     events = frozenset({SLICE_ADD, SLICE_UPDATE, SLICE_DELETE, CLAIM_UPDATE, CLAIM_DELETE})
 
@@ -86,6 +87,24 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, PreBindPlugin):
         state.write(WANTED, wanted)
         return SUCCESS
 
+    def reserve(self, state: CycleState, pod, node, cluster) -> Status:
+        """Nothing to hold here: the device records (GPUsHeld) are the lock; PreBind writes the claim."""
+        return SUCCESS
+
+    def unreserve(self, state: CycleState, pod, node, cluster) -> None:
+        """A later phase failed (a gang member's PreBind or Binding): the allocation this attempt's
+        PreBind wrote is taken back, at the version it wrote, so that a pod not bound holds no
+        device (kube-scheduler's Unreserve deallocates likewise). A claim written since is left."""
+        claim = state.read(ALLOCATED)
+        if claim is None:
+            return
+        namespace, name = claim_key(pod)
+        body = dra.deallocated(claim)
+        try:
+            cluster.update_claim_status(namespace, name, body)
+        except APIError:
+            pass  # written since, or the API is down: the pod's next attempt finds it reserved for itself
+
     def pre_bind(self, state: CycleState, pod, node, cluster) -> Status:
         """Make the pod's ResourceClaim hold what filter decided, allocated and reserved for it."""
         wanted: dra.Wanted | None = state.read(WANTED)
@@ -107,6 +126,9 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, PreBindPlugin):
                     claim = cluster.update_claim(namespace, name, step.body)
                 else:
                     claim = cluster.update_claim_status(namespace, name, step.body)
+                    if (step.body.get("status") or {}).get("allocation") and not (
+                            node.claims.get((namespace, name)) or {}).get("status", {}).get("allocation"):
+                        state.write(ALLOCATED, claim)
                 continue
             except APIError as failure:
                 if not failure.conflict:
