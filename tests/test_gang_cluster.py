@@ -266,7 +266,9 @@ def test_a_member_re_created_while_the_rest_of_its_gang_is_bound_is_placed_alone
     [a] = own_nodes(1)
     entries = [f"{a}:0", f"{a}:1", f"{a}:2"]
     stack.apply(gang_statefulset(namespace, "ring", entries, replicas=2))
-    waiting(stack, namespace, "ring", 2, f"gang {namespace}/ring: 2 of 3 members exist")  # a gang, not 3 pods
+    # A gang, not three pods: nothing bound while a member is missing (what each member's Event
+    # says then is test_a_gang_with_fewer_members_than_its_size_binds_none_until_scaled's).
+    waiting(stack, namespace, "ring", 2, f"gang {namespace}/ring: ")
     stack.cp.kubectl("scale", "statefulset", "ring", "-n", namespace, "--replicas=3")
     before = wait_all_bound(stack, namespace, "ring", 3, timeout=30)
 
