@@ -371,7 +371,7 @@ def test_the_api_server_killed_while_gangs_are_reserved_leaves_each_bound_whole_
             own.wait_for(lambda: sum(len(members(own, namespace, n)) for n in gangs) == total, 60, "every member created")
         finally:
             os.killpg(group, signal.SIGCONT)
-        first = own.wait_for(lambda: progress()[1] or None, 60, "the first record of a gang", interval=0.01)
+        first = own.wait_for(lambda: records(own) or None, 60, "the first record of a gang", interval=0.01)
         returned = restart(f"with {len(first)} record(s) written")
         seen = progress()
         try:
