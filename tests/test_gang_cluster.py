@@ -249,9 +249,13 @@ def test_a_gang_whose_gpu_is_held_binds_no_member_until_the_gpu_is_freed(stack, 
 # -- 2. fewer members than the gang: nothing bound until the controller creates the rest ----------
 @pytest.mark.parametrize("gang", ["3", "true"])
 def test_a_gang_with_fewer_members_than_its_size_binds_none_until_scaled(stack, namespace, own_nodes, gang):
+    """One member, then two (the controller slow, say): each waiting member's Event says what the
+    gang waits for now, the earlier member's too; the third: all bound."""
     [a] = own_nodes(1)
     entries = [f"{a}:0", f"{a}:1", f"{a}:2"]
-    stack.apply(gang_statefulset(namespace, "small", entries, replicas=2, gang=gang))
+    stack.apply(gang_statefulset(namespace, "small", entries, replicas=1, gang=gang))
+    waiting(stack, namespace, "small", 1, f"gang {namespace}/small: 1 of 3 members exist")
+    stack.cp.kubectl("scale", "statefulset", "small", "-n", namespace, "--replicas=2")
     prefix = f"gang {namespace}/small: 2 of 3 members exist"
     waiting(stack, namespace, "small", 2, prefix)
     one_gang_event_each(stack, namespace, "small", prefix)
