@@ -7,16 +7,18 @@
 - a member re-created while the rest of its gang is bound is placed alone;
 - two gangs overlapping on a GPU, three bind instances: one bound whole, the other not at all and
   holding nothing; the winner deleted, the other bound within 15 s;
-- the API server killed (twice) while two such gangs are reserved: each bound whole or not at
-  all 30 s after its return, and an unbound gang holds no record;
+- the API server killed while two such gangs are reserved (and again at the next progress, unless
+  all is settled by then): each bound whole or not at all 30 s after its return, and an unbound
+  gang holds no record;
 - bind killed between two Bindings of a gang: another instance binds the rest;
 - a malformed annotation refused by mutate at creation.
 
-The test hook GPU_SCHEDULER_TEST_EXIT_AFTER_BINDINGS=<n> (bind's environment; never set outside
-these tests): the process exits at once (os._exit(17), as GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD
-does) right after its n-th Binding of one attempt at a gang, before the next one: every record of
-the gang written, n members bound, the rest not. Under gunicorn only the worker exits; its master
-starts another, which the test stops before it can bind anything.
+The test hook GPU_SCHEDULER_TEST_EXIT_AFTER_BINDINGS=<n> (bind's environment, never set outside
+these tests; functions/bind/placer.py's _ExitAfterBindings): the process exits at once
+(os._exit(17), as with GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD) right after its n-th Binding, a gang's
+Bindings being made one at a time while it is set: every record of the gang written, n members
+bound, the rest not. Under gunicorn only the worker exits; the test kills the instance as soon as
+its master has reaped that worker, before another could bind anything.
 
 Each test has nodes of its own (test_records_cluster's Node objects, 4 GPUs each, no kubelet), so
 that nothing of node1..node4 or of another test touches its gangs; the API server's test has a
