@@ -22,6 +22,7 @@ from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
 from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
 from .plugins.dra import POD_CLAIM, claim_name
+from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 
@@ -198,6 +199,17 @@ class Decision:
     reason: str = ""  # for logs and metrics: why this decision
 
 
+def _invalid_gang(pod: Mapping[str, Any]) -> Decision | None:
+    """The denial of a malformed gpu-scheduler/gang value (docs/gangs.md), in the Gang plugin's
+    own words, which name the fix; None when the value is "true", "false", absent or a size the
+    map can give. Only the pod's author can fix it, so it is refused now rather than at bind."""
+    try:
+        gang_size(pod)
+    except GangError as error:
+        return Decision(False, message=str(error), reason="InvalidGang")
+    return None
+
+
 def decide(review: Review, default_mode: str = CUDA) -> Decision:
     """The admission decision for one request; `default_mode` is the device env mode (devices.py)
     for pods that do not choose one."""
@@ -220,10 +232,16 @@ def decide(review: Review, default_mode: str = CUDA) -> Decision:
     except NotPlaceable as why:
         if why.reason == MALFORMED_MAP:
             return Decision(False, message=why.message, reason=why.reason)
+        gang = _invalid_gang(pod)
+        if gang is not None:
+            return gang
         # Still labelled, so bind hears of the pod and can report why it stays Pending.
         return Decision(True, tuple(label_patch(pod)),
                         (*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
                         reason=why.reason)
+    gang = _invalid_gang(pod)
+    if gang is not None:
+        return gang
     warnings += [f"{SCHEDULER_NAME}: {message}" for _, message in device_warnings(pod, resolved)]
     # What bind will say (NodeAffinity), known from the node's name alone: said now, not at bind.
     contradiction = node_affinity(pod, resolved.placement.node)

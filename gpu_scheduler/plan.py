@@ -17,8 +17,11 @@ from typing import Any, Callable, Iterable, Mapping
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
+from .fit import is_terminal, workload as workload_of
 from .framework.runtime import Framework
-from .framework.snapshot import NodeSnapshot
+from .framework.snapshot import GangSnapshot, NodeSnapshot
+from .plugins import gang as gangs
+from .plugins.gang import GANG_ANNOTATION, GangError, gang_of, gang_size
 from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
 from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on
@@ -94,6 +97,7 @@ class Workload:
     # Pod; None for pods named with generateName (one row stands for all of them).
     replicas: int | None = None
     ordinals_start: int | None = None  # a StatefulSet's spec.ordinals.start
+    pod_management_policy: Any = None  # a StatefulSet's spec.podManagementPolicy, as written (None: unset)
 
     @property
     def indexed(self) -> bool:
@@ -167,7 +171,8 @@ def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | N
         replicas = _count(obj_spec.get("replicas"), "spec.replicas", 1)
         ordinals = _object(obj_spec.get("ordinals"), "spec.ordinals", required=False)
         start = _count(ordinals.get("start"), "spec.ordinals.start", 0)
-        return Workload(kind, ns, name, template, tuple(range(start, start + replicas)), replicas, start)
+        return Workload(kind, ns, name, template, tuple(range(start, start + replicas)), replicas, start,
+                        obj_spec.get("podManagementPolicy"))
     mode = obj_spec.get("completionMode") or "NonIndexed"
     if mode == "Indexed":
         completions = _count(obj_spec.get("completions"), "spec.completions", None)
@@ -243,11 +248,107 @@ class Row:
         return Placement(self.node, self.devices)
 
 
+# -- gangs (docs/gangs.md) ---------------------------------------------------------------------
+BOUND, PLACEABLE, REFUSED, EXPECTED = "bound", "placeable", "refused", "expected"  # a member's state
+
+
+@dataclass(frozen=True)
+class GangMember:
+    """One member of a gang: `name` is namespace/name (as bind's messages name members); `state`
+    bound (on `node`), placeable (on `node`, now), refused (by `plugin`, `message`), or expected
+    (plan without --cluster: a pod its controller will create, nothing decided)."""
+
+    name: str
+    state: str
+    node: str = ""
+    plugin: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang as plan and explain show it; `verdict`: what bind decides for the gang as a whole
+    (Framework.decide_gang), None when nothing was decided (plan without --cluster)."""
+
+    name: str
+    size: int
+    members: tuple[GangMember, ...]
+    verdict: Scheduling | None = None
+
+    @property
+    def bound(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members if m.state == BOUND)
+
+    @property
+    def missing(self) -> int:
+        """Members the gang needs that do not exist (or that the manifest does not create)."""
+        return max(0, self.size - len(self.members))
+
+
+def _name_of(pod: Mapping[str, Any]) -> str:
+    return f"{metadata(pod).get('namespace')}/{metadata(pod).get('name')}"
+
+
+def live_gang(pod: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[GangSnapshot, dict[str, str]] | None:
+    """The gang `pod` belongs to as bind's views hold it, from the pods of its namespace: its
+    workload's pending pods of ours that carry the annotation, and its bound ones (non-terminal),
+    each with its node. None when the pod asks for no gang, or asks malformedly (the Gang plugin's
+    PreFilter then refuses the pod itself)."""
+    try:
+        if gang_size(pod) is None:
+            return None
+    except GangError:
+        return None
+    key, pending, bound = workload_of(pod), [], {}
+    for other in pods:
+        if workload_of(other) != key or is_terminal(other):
+            continue
+        if spec(other).get("nodeName"):
+            bound[_name_of(other)] = str(spec(other)["nodeName"])
+        elif (spec(other).get("schedulerName") == SCHEDULER_NAME and not metadata(other).get("deletionTimestamp")
+              and GANG_ANNOTATION in (metadata(other).get("annotations") or {})):
+            pending.append(other)
+    gang = gang_of(pod, pending, bound)
+    if spec(pod).get("nodeName"):  # a bound member: its gang's pending members are the rest
+        uid = metadata(pod).get("uid")
+        gang = GangSnapshot(gang.name, gang.size, tuple(p for p in gang.pending if metadata(p).get("uid") != uid),
+                            tuple(sorted({*gang.bound, _name_of(pod)})))
+    return gang, bound
+
+
+def gang_scheduling(gang: GangSnapshot, framework: Framework, snapshot_of: Callable[[str], NodeSnapshot],
+                    nodes: Mapping[str, str] | None = None) -> Gang:
+    """What bind decides for the gang now (Framework.decide_gang on the snapshots `snapshot_of`
+    reads, every member decided): each member's state, and the gang's verdict. A refusal's message
+    is the one bind's FailedScheduling Event gives each pending member. `nodes`: each bound
+    member's node."""
+    decided = framework.decide_gang(gang, snapshot_of, every_member=True)
+    members = [GangMember(name, BOUND, (nodes or {}).get(name, "")) for name in gang.bound]
+    for member in decided.members:
+        node = member.decision.node.name if member.decision.node else ""
+        status = member.decision.status
+        members.append(GangMember(member.name, PLACEABLE, node) if status.ok else
+                       GangMember(member.name, REFUSED, node, status.plugin, status.message))
+    status = decided.status
+    if status.ok:
+        verdict = Scheduling("bind", "", "", "Bind", f"bind {len(decided.placeable)} members together"
+                             + (f" ({len(gang.bound)} bound already)" if gang.bound else ""))
+    else:
+        waits = decided.waits_on
+        node = waits.decision.node.name if waits and waits.decision.node else ""
+        again = tuple(retried_on(waits.decision.status.plugin)) if waits else ()
+        if status.reason == gangs.MEMBERS_MISSING:
+            again = (*again, "a member of the gang created")
+        verdict = Scheduling("wait", node, status.plugin, status.reason, status.message, again)
+    return Gang(gang.name, gang.size, tuple(members), verdict)
+
+
 @dataclass(frozen=True)
 class WorkloadPlan:
     work: Workload
     rows: tuple[Row, ...]
     warnings: tuple[Note, ...] = ()
+    gang: Gang | None = None  # the gang its pods form (gpu-scheduler/gang), as expected: none decided
 
     @property
     def placeable(self) -> bool:
@@ -298,10 +399,11 @@ def plan(work: Workload) -> WorkloadPlan:
     try:
         entries = parse_map(text)
         device_mode(work.template)
-    except (MapError, ModeError) as error:
+        size = gang_size(work.template)
+    except (MapError, ModeError, GangError) as error:
         raise ManifestError(str(error)) from None
     rows = tuple(_row(pod_for(work, index), index) for index in work.indexes)
-    warnings = []
+    warnings = list(_gang_warnings(work, size))
     if work.indexed:
         beyond = sorted(set(entries) - set(work.indexes))
         if beyond:
@@ -311,7 +413,25 @@ def plan(work: Workload) -> WorkloadPlan:
         if missing:
             warnings.append(Note("ReplicasWithoutEntry", f"pod indexes {_listing(missing)} have no map entry:"
                                  " those pods will stay Pending"))
-    return WorkloadPlan(work, rows, tuple(warnings))
+    gang = None if size is None else Gang(gangs.gang_name(pod_for(work, work.indexes[0])), size, tuple(
+        GangMember(f"{work.namespace}/{row.pod}", EXPECTED, row.node) for row in rows))
+    return WorkloadPlan(work, rows, tuple(warnings), gang)
+
+
+ORDERED_READY = ("a StatefulSet with podManagementPolicy: OrderedReady creates one pod at a time and never forms a"
+                 " gang; set podManagementPolicy: Parallel")
+
+
+def _gang_warnings(work: Workload, size: int | None) -> Iterable[Note]:
+    """What keeps a gang from ever forming, known from the manifest alone."""
+    if size is None:
+        return
+    if work.kind == "StatefulSet":
+        if work.pod_management_policy in (None, "OrderedReady"):
+            yield Note("GangOrderedReady", ORDERED_READY)
+    if work.replicas is not None and work.replicas < size:
+        yield Note("GangNeverForms", f"the gang needs {size} members ({GANG_ANNOTATION}) but {work.counted}"
+                                     f" creates {work.replicas}: bind places none of them")
 
 
 # -- explain: one pod in the cluster ------------------------------------------------------------

@@ -51,6 +51,7 @@ CALLS = {
     "read_pod": ("", "pods", "get"),
     "list_pods": ("", "pods", "list"),
     "list_all_pods": ("", "pods", "list"),
+    "list_namespaced_pods": ("", "pods", "list"),
     "watch_all_pods": ("", "pods", "watch"),
     "patch_pod_status": ("", "pods/status", "patch"),
     "read_node": ("", "nodes", "get"),
@@ -222,6 +223,9 @@ class Kube:
             if not meta.get("continue"):
                 return
             query["continue"] = meta["continue"]
+
+    def list_namespaced_pods(self, namespace: str) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods")
 
     def list_all_pods(self) -> Iterator[tuple[list[dict], str]]:
         return self.list_pages("/api/v1/pods")

@@ -23,6 +23,8 @@ from gpu_scheduler import ANNOTATION
 from gpu_scheduler.framework.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.framework.profile import default_profile
 from gpu_scheduler.framework.runtime import Framework
+from gpu_scheduler.framework.snapshot import GangSnapshot
+from gpu_scheduler.plugins.gang import gang_size_or_none
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
@@ -245,6 +247,18 @@ def scheduling(cluster, args, pod: dict[str, Any]) -> core.Scheduling:
     return core.scheduling(pod, framework(args), lambda node: cluster.snapshot(node, pod, args.scheduler_namespace))
 
 
+def gang_scheduling(cluster, args, gang: GangSnapshot, nodes=None) -> core.Gang:
+    """What bind decides for a gang now: its framework's decide_gang, on each member's node as read
+    now, each node read once for all its members."""
+    snapshots: dict[str, Any] = {}
+
+    def snapshot_of(node: str):
+        if node not in snapshots:
+            snapshots[node] = cluster.gang_snapshot(node, gang.pending, args.scheduler_namespace)
+        return snapshots[node]
+    return core.gang_scheduling(gang, framework(args), snapshot_of, nodes)
+
+
 def _rules(args) -> dict[str, dra.Rule]:
     try:
         return dra.parse_rules(args.dra_device_rules)
@@ -295,21 +309,34 @@ def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     return dra_claim(cluster, args, pod, row.index, row.placement)
 
 
+def _planned_gang(cluster, args, plan: core.WorkloadPlan, pods: list, decided: list[core.Scheduling]) -> core.Gang:
+    """The gang of the pods plan expects, as bind will decide it: those of them bind places
+    (its own scheduler's) are the pending members, none bound yet."""
+    members = tuple(pod for pod, verdict in zip(pods, decided) if verdict.action != "nothing")
+    return gang_scheduling(cluster, args, GangSnapshot(plan.gang.name, plan.gang.size, members))
+
+
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     _rules(args)  # refused before anything is read, as bind refuses them at start
     cluster, namespace = connect(args) if args.cluster else (None, args.namespace or "default")
     errors: list[str] = []
     workloads = []
     for document, plan in _workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors):
+        pods = [admitted(row, cluster) for row in plan.rows] if cluster else []
+        decided = [scheduling(cluster, args, pod) for pod in pods]
+        gang = plan.gang
+        if cluster and gang is not None:
+            gang = _planned_gang(cluster, args, plan, pods, decided)
+            if not gang.verdict.placeable:  # bind's Event for each member is the gang's refusal
+                decided = [gang.verdict if verdict.action != "nothing" else verdict for verdict in decided]
         rows = []
-        for row in plan.rows:
+        for position, row in enumerate(plan.rows):
             claim = _dra_row(cluster, args, row)
-            answer = output.row_dict(row, scheduling(cluster, args, admitted(row, cluster))) if cluster \
-                else output.row_dict(row)
+            answer = output.row_dict(row, decided[position]) if cluster else output.row_dict(row)
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workloads.append(output.workload_dict(document.source, document.number, plan, rows))
+        workloads.append(output.workload_dict(document.source, document.number, plan, rows, gang))
     if not workloads and not errors:
         errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
@@ -320,6 +347,18 @@ def _event(event: dict[str, Any]) -> dict[str, Any]:
     return {"type": event.get("type"), "reason": event.get("reason"), "count": event.get("count") or 1,
             "lastTimestamp": event.get("lastTimestamp") or event.get("eventTime") or None,
             "message": event.get("message")}
+
+
+def _live_gang(cluster, args, pod: dict[str, Any]) -> core.Gang | None:
+    """The pod's gang as bind sees it (its workload's pods in its namespace) and what bind decides
+    for it now; None when the pod is no gang's member (nothing more is read)."""
+    if gang_size_or_none(pod) is None:
+        return None
+    found = core.live_gang(pod, cluster.pods_in(str((pod.get("metadata") or {}).get("namespace") or "")))
+    if found is None:
+        return None
+    gang, nodes = found
+    return gang_scheduling(cluster, args, gang, nodes)
 
 
 def run_explain(args) -> dict[str, Any]:
@@ -350,6 +389,11 @@ def run_explain(args) -> dict[str, Any]:
     answer["podScheduled"] = core.pod_scheduled(pod)
     answer["events"] = [_event(e) for e in core.scheduler_events(cluster.events(pod))]
     decided = scheduling(cluster, args, pod)
+    gang = _live_gang(cluster, args, pod)
+    if gang is not None:
+        answer["gang"] = output.gang_dict(gang)
+        if not gang.verdict.placeable and decided.action != "nothing":  # bind's Event for it: the gang's refusal
+            decided = gang.verdict
     answer["scheduling"] = {"action": decided.action, "node": decided.node or None, "plugin": decided.plugin or None,
                             "reason": decided.reason, "message": decided.message,
                             "retriedOn": list(decided.retried_on)}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from gpu_scheduler.plugins import dra
 from gpu_scheduler.fit import NodeInfo
@@ -30,6 +30,7 @@ class Cluster:
         self.api = api
         self._nodes: dict[str, dict | None] = {}
         self._pods_on: dict[str, list[dict]] = {}
+        self._pods_in: dict[str, list[dict]] = {}
         self._slices: list[dict] | None = None
         self._claims: list[dict] | None = None
         self._records: dict[str, list[Record]] = {}
@@ -55,6 +56,12 @@ class Cluster:
         if node not in self._pods_on:
             self._pods_on[node] = self.api.list_pods(f"spec.nodeName={node}")
         return self._pods_on[node]
+
+    def pods_in(self, namespace: str) -> list[dict]:
+        """The pods of a namespace (a gang's members are among them), read once."""
+        if namespace not in self._pods_in:
+            self._pods_in[namespace] = [item for page, _ in self.api.list_namespaced_pods(namespace) for item in page]
+        return self._pods_in[namespace]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _or_none(self.api.read_pod, namespace, name)
@@ -105,6 +112,15 @@ class Cluster:
                     raise
                 self._dra = DraSupport.NOT_SERVED
         return self._dra
+
+    def gang_snapshot(self, node: str, pods: Sequence[Mapping[str, Any]], records_namespace: str) -> NodeSnapshot:
+        """The node as a gang's members are decided on it: snapshot() with every member's own
+        claim (in DRA mode each member is decided with its claim, as bind's views hold them all)."""
+        snapshots = [self.snapshot(node, pod, records_namespace) for pod in pods if dra.uses_dra(pod)]
+        if not snapshots:
+            return self.snapshot(node, pods[0] if pods else {}, records_namespace)
+        claims = {key: claim for snapshot in snapshots for key, claim in snapshot.claims.items()}
+        return NodeSnapshot(**{**snapshots[0].__dict__, "claims": claims})
 
     def snapshot(self, node: str, pod: Mapping[str, Any], records_namespace: str) -> NodeSnapshot:
         """The pod's node as bind's framework decides on it: the node, its pods, bind's records of

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from gpu_scheduler.plan import RETRIED_ANYWAY, Row, Scheduling, WorkloadPlan, counted
+from gpu_scheduler.plan import RETRIED_ANYWAY, Gang, Row, Scheduling, WorkloadPlan, counted
 
 from .files import shown
 
@@ -40,12 +40,52 @@ def row_dict(row: Row, cluster: Scheduling | None = None) -> dict[str, Any]:
     return answer
 
 
-def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dict[str, Any]],
+                  gang: Gang | None = None) -> dict[str, Any]:
+    """`gang`: the plan's gang as decided on the cluster (plan --cluster), else the plan's own."""
     work = plan.work
-    return {"source": source, "document": document, "kind": work.kind, "namespace": work.namespace,
-            "name": work.name, "replicas": work.replicas, "indexed": work.indexed,
-            "ordinalsStart": work.ordinals_start, "placeable": all(r["placeable"] for r in rows),
-            "pods": rows, "warnings": _notes(plan.warnings)}
+    answer = {"source": source, "document": document, "kind": work.kind, "namespace": work.namespace,
+              "name": work.name, "replicas": work.replicas, "indexed": work.indexed,
+              "ordinalsStart": work.ordinals_start, "placeable": all(r["placeable"] for r in rows),
+              "pods": rows, "warnings": _notes(plan.warnings)}
+    gang = gang or plan.gang
+    if gang is not None:
+        answer["gang"] = gang_dict(gang)
+        answer["placeable"] = answer["placeable"] and (gang.verdict is None or gang.verdict.placeable)
+    return answer
+
+
+def gang_dict(gang: Gang) -> dict[str, Any]:
+    """A gang as data: its members and their states, and bind's verdict on it (None: not decided)."""
+    verdict = gang.verdict
+    return {"name": gang.name, "size": gang.size, "bound": list(gang.bound), "missing": gang.missing,
+            "members": [{"name": m.name, "state": m.state, "node": m.node or None, "plugin": m.plugin or None,
+                         "message": m.message or None} for m in gang.members],
+            "verdict": None if verdict is None else {"plugin": verdict.plugin or None, "reason": verdict.reason,
+                                                     "message": verdict.message}}
+
+
+def _listed(names: list[str]) -> str:
+    """Members in a line: both of two, else the first and the last (-o json lists them all)."""
+    return ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]}"
+
+
+def gang_lines(gang: dict[str, Any], indent: str = "  ") -> list[str]:
+    """A gang for people: who its members are, and (decided) each one's state and bind's verdict."""
+    short = [m["name"].split("/", 1)[-1] for m in gang["members"]]
+    missing = f", {gang['missing']} missing" if gang["missing"] else ""
+    bound = f", {len(gang['bound'])} bound" if gang["bound"] else ""
+    lines = [f"{indent}gang {gang['name']}: {gang['size']} members, bound together or none{bound}{missing}:"
+             f" {_listed(short) or '<none>'}"]
+    for member in gang["members"]:
+        if member["state"] == "refused":
+            lines.append(f"{indent}  member {member['name'].split('/', 1)[-1]} refused by {member['plugin']}:"
+                         f" {member['message']}")
+    verdict = gang["verdict"]
+    if verdict is not None:
+        lines.append(f"{indent}gang not placeable now: {verdict['message']}" if verdict["reason"] != "Bind" else
+                     f"{indent}gang placeable now: {verdict['message']}")
+    return lines
 
 
 def render(answer: dict[str, Any], form: str, table) -> str:
@@ -83,16 +123,21 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
             lines.append(["-" if pod["index"] is None else str(pod["index"]), pod["pod"], pod["node"] or "<none>",
                           ",".join(pod["devices"]) or "<none>", *nvidia, status])
         out.append(columns(header, lines))
+        gang = work.get("gang")
+        gang_refusal = gang["verdict"]["message"] if gang and gang["verdict"] and gang["verdict"]["reason"] != "Bind" \
+            else None
         for pod in work["pods"]:
             who = f"pod {pod['pod']}"
             for problem in pod["problems"]:
                 out.append(f"  not placed: {who}: {problem['message']}\n")
-            if pod.get("cluster", {}).get("decision") == "wait":
+            if pod.get("cluster", {}).get("decision") == "wait" and pod["cluster"]["message"] != gang_refusal:
                 out.append(f"  not placed now: {who}: {pod['cluster']['message']}\n")
             for warning in pod["warnings"]:
                 out.append(f"  warning: {who}: {warning['message']}\n")
             if pod.get("claim"):
                 out.append(f"  claim: {who}: {claim_text(pod['claim'], work['namespace'])}\n")
+        if gang:
+            out += [line + "\n" for line in gang_lines(gang)]
         for warning in work["warnings"]:
             out.append(f"  warning: {warning['message']}\n")
         out.append("\n")
@@ -147,6 +192,20 @@ def explain_table(answer: dict[str, Any]) -> str:
                         [[e["type"], e["reason"], str(e["count"]), e["lastTimestamp"] or "<unknown>", e["message"]]
                          for e in events])
         lines += ["  " + line for line in table.splitlines()]
+    gang = answer.get("gang")
+    if gang:
+        missing = f", {gang['missing']} missing" if gang["missing"] else ""
+        lines.append(f"Gang:           {gang['name']} ({gang['size']} members bound together or none;"
+                     f" {len(gang['bound'])} bound{missing})")
+        table = columns(["MEMBER", "STATE", "NODE", "WHY"],
+                        [[m["name"], m["state"], m["node"] or "<none>",
+                          f"{m['plugin']}: {m['message']}" if m["state"] == "refused" else ""]
+                         for m in gang["members"]])
+        lines += ["  " + line for line in table.splitlines()]
+        verdict = gang["verdict"]
+        if verdict["message"] != answer["scheduling"]["message"]:
+            lines.append(f"  the gang: {verdict['message']}" if verdict["reason"] == "Bind" else
+                         f"  the gang waits, refused by {verdict['plugin']}: {verdict['message']}")
     decided = answer["scheduling"]
     if decided["action"] == "wait":
         lines.append(f"Scheduling:     waits in bind's queue, refused by {decided['plugin']}: {decided['message']}")

@@ -662,3 +662,60 @@ def test_env_modes_add_no_claims():
 
 def test_device_env_in_dra_mode():
     assert device_env(Placement("n", ("4", "7")), "dra") == {CVD: "0,1", CDO: "PCI_BUS_ID"}
+
+
+# --------------------------------------------------------------------------- gangs (docs/gangs.md)
+
+GANG = "gpu-scheduler/gang"
+GANG_FIX = ('set gpu-scheduler/gang to "true" (the gang is every entry of the map), to the number of replicas the'
+            ' gang needs, or to "false"')
+
+
+@pytest.mark.parametrize("value", ["true", "false", "1", "3", "5"])
+def test_a_well_formed_gang_is_placed_as_any_replica(value):
+    plain = admit(make_pod("web-1"))[1]
+    response, decision, patched = admit(make_pod("web-1", annotations={GANG: value}))
+    assert decision == plain and response["response"]["allowed"] is True
+    assert env_of(patched) == injected("2")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("yes", f"gpu-scheduler/gang: 'yes' is not a gang size: {GANG_FIX}"),
+    ("True", f"gpu-scheduler/gang: 'True' is not a gang size: {GANG_FIX}"),
+    ("", f"gpu-scheduler/gang: '' is not a gang size: {GANG_FIX}"),
+    ("-2", f"gpu-scheduler/gang: '-2' is not a gang size: {GANG_FIX}"),
+    (" 3", f"gpu-scheduler/gang: ' 3' is not a gang size: {GANG_FIX}"),
+    ("٣", f"gpu-scheduler/gang: '٣' is not a gang size: {GANG_FIX}"),  # a digit, but not an ASCII one
+    (3, f"gpu-scheduler/gang: 3 is not a gang size: {GANG_FIX}"),
+    ("0", f"gpu-scheduler/gang: '0' must be from 1 to the map's 5 entries: {GANG_FIX}"),
+    ("6", f"gpu-scheduler/gang: '6' must be from 1 to the map's 5 entries: {GANG_FIX}"),
+    ("9" * 40, f"gpu-scheduler/gang: '{'9' * 40}' must be from 1 to the map's 5 entries: {GANG_FIX}"),
+])
+def test_a_malformed_gang_is_denied_with_the_fix(value, message):
+    pod = make_pod("web-1", annotations={GANG: value})
+    response, decision, patched = admit(pod)
+    assert response["response"] == {"uid": "uid-1", "allowed": False,
+                                    "status": {"code": 400, "reason": "BadRequest", "message": message}}
+    assert decision == Decision(False, message=message, reason="InvalidGang")
+    assert patched == pod
+
+
+@pytest.mark.parametrize("pod", [
+    make_pod(None, generate_name="web-", annotations={GANG: "many"}),  # index unknown: else allowed, unplaced
+    make_pod("web-7", annotations={GANG: "many"}),                    # no map entry: likewise
+    make_pod("web-1", annotations={GANG: "many"}, scheduler=None),    # another scheduler's pod
+])
+@pytest.mark.parametrize("dry_run", [None, True])
+def test_a_malformed_gang_is_denied_whatever_else_the_pod_is(pod, dry_run):
+    _, decision, _ = admit(pod, dry_run=dry_run)
+    assert decision.allowed is False and decision.reason == "InvalidGang"
+    assert "'many' is not a gang size" in decision.message and decision.patch == ()
+
+
+def test_a_malformed_map_is_denied_for_the_map_before_the_gang():
+    _, decision, _ = admit(make_pod("web-1", map_text="x", annotations={GANG: "many"}))
+    assert decision.reason == "MalformedMap"
+
+
+def test_a_gang_on_a_pod_without_the_map_is_not_ours():
+    assert admit(make_pod("web-1", map_text=None, annotations={GANG: "many"}))[1] == Decision(True, reason="NoAnnotation")

@@ -68,6 +68,19 @@ def test_malformed_map_is_denied_with_the_line(stack, namespace):
     assert stack.pods(namespace) == []
 
 
+def test_a_malformed_gang_is_denied_with_the_fix(stack, namespace):
+    pod = pod_manifest(namespace, "g-0", "0=node1:0\n1=node2:2\n")
+    pod["metadata"]["annotations"]["gpu-scheduler/gang"] = "3"  # more members than the map has entries
+    result = stack.cp.kubectl("apply", "-f", "-", input=json.dumps(pod), check=False)
+    assert result.returncode != 0
+    assert 'admission webhook "mutate.gpu-scheduler.local" denied the request' in result.stderr
+    assert ("gpu-scheduler/gang: '3' must be from 1 to the map's 2 entries: set gpu-scheduler/gang to \"true\""
+            in result.stderr)
+    pod["metadata"]["annotations"]["gpu-scheduler/gang"] = "2"
+    stack.apply(pod)  # a well-formed gang passes
+    assert [p["metadata"]["name"] for p in stack.pods(namespace)] == ["g-0"]
+
+
 def test_index_without_entry_stays_pending_and_unbound(stack, namespace):
     result = stack.cp.kubectl("apply", "-f", "-", input=json.dumps(pod_manifest(namespace, "worker-9", "0=node1:0\n")))
     assert "pod index 9 has no entry" in result.stderr  # kubectl prints the admission warning

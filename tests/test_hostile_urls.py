@@ -32,6 +32,7 @@ RESOURCE = {
     "list_events": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],
     "list_pods": lambda ns, name: ["api", "v1", "pods"],
     "list_all_pods": lambda ns, name: ["api", "v1", "pods"],
+    "list_namespaced_pods": lambda ns, name: ["api", "v1", "namespaces", ns, "pods"],
     "watch_all_pods": lambda ns, name: ["api", "v1", "pods"],
     "list_nodes": lambda ns, name: ["api", "v1", "nodes"],
     "watch_nodes": lambda ns, name: ["api", "v1", "nodes"],

@@ -7,7 +7,7 @@ import pytest
 from gpu_scheduler.framework.config import SchedulerConfig
 from gpu_scheduler.framework.profile import default_profile
 from gpu_scheduler.framework.runtime import Framework
-from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.framework.snapshot import GangSnapshot, NodeSnapshot
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -375,3 +375,115 @@ def test_device_env_events_and_condition_of_a_pod():
               {"source": {"component": "kubelet"}, "reason": "X"},
               {"reportingComponent": "gpu-scheduler", "reason": "A", "lastTimestamp": "2026-01-01T00:00:00Z"}]
     assert [e["reason"] for e in core.scheduler_events(events)] == ["A", "B"]
+
+
+# -- gangs (docs/gangs.md) -------------------------------------------------------------------------
+GANG = "gpu-scheduler/gang"
+
+
+def gang_set(policy="Parallel", replicas=5, value="true", **tmpl):
+    obj = statefulset(replicas, namespace="ns", annotations={GANG: value}, **tmpl)
+    if policy is not None:
+        obj["spec"]["podManagementPolicy"] = policy
+    return obj
+
+
+def test_a_gang_is_shown_with_its_size_and_members():
+    plan = core.plan(core.workload(gang_set()))
+    assert (plan.gang.name, plan.gang.size, plan.gang.missing, plan.gang.verdict) == ("ns/w", 5, 0, None)
+    assert [(m.name, m.state, m.node) for m in plan.gang.members] == [
+        ("ns/w-0", "expected", "node1"), ("ns/w-1", "expected", "node2"), ("ns/w-2", "expected", "node3"),
+        ("ns/w-3", "expected", "node4"), ("ns/w-4", "expected", "node4")]
+    assert plan.warnings == () and plan.placeable
+    assert core.plan(core.workload(gang_set(value="3"))).gang.size == 3
+    assert core.plan(core.workload(gang_set(value="false"))).gang is None
+    assert core.plan(core.workload(statefulset())).gang is None
+
+
+@pytest.mark.parametrize("policy", [None, "OrderedReady"])
+def test_a_statefulset_that_creates_one_pod_at_a_time_is_warned_about(policy):
+    plan = core.plan(core.workload(gang_set(policy)))
+    assert [(w.reason, w.message) for w in plan.warnings] == [(
+        "GangOrderedReady", "a StatefulSet with podManagementPolicy: OrderedReady creates one pod at a time and never"
+                            " forms a gang; set podManagementPolicy: Parallel")]
+    assert core.plan(core.workload(statefulset())).warnings == ()  # no gang: nothing to warn of
+
+
+def test_fewer_replicas_than_the_gang_needs_is_warned_about():
+    plan = core.plan(core.workload(gang_set(replicas=2, value="4")))
+    assert [w.reason for w in plan.warnings] == ["GangNeverForms", "UnusedEntries"] and plan.gang.missing == 2
+    assert "needs 4 members" in plan.warnings[0].message
+
+
+def test_a_malformed_gang_is_the_workloads_error():
+    with pytest.raises(core.ManifestError, match="'yes' is not a gang size: set gpu-scheduler/gang to"):
+        core.plan(core.workload(gang_set(value="yes")))
+    with pytest.raises(core.ManifestError, match="'6' must be from 1 to the map's 5 entries"):
+        core.plan(core.workload(gang_set(value="6")))
+
+
+def gang_member(index, node_name="", value="true", uid=None, phase=None, scheduler=SCHEDULER_NAME, owner="w"):
+    pod = {"metadata": {"name": f"w-{index}", "namespace": "ns", "uid": uid or f"u{index}",
+                        "labels": {STATEFULSET_INDEX_LABEL: str(index)},
+                        "annotations": {ANNOTATION: SEED, GANG: value},
+                        "ownerReferences": [{"kind": "StatefulSet", "name": owner, "controller": True}]},
+           "spec": {"schedulerName": scheduler, "nodeName": node_name, "containers": [{"name": "c"}]}}
+    if phase:
+        pod["status"] = {"phase": phase}
+    return pod
+
+
+def holder_of_node4_gpu3():
+    return {"metadata": {"name": "x-0", "namespace": "team-a", "uid": "hx",
+                         "annotations": {"gpu-scheduler/devices": "3"}},
+            "spec": {"schedulerName": SCHEDULER_NAME, "nodeName": "node4", "containers": [{"name": "c"}]}}
+
+
+def snapshots(holders=()):
+    from gpu_scheduler.fit import NodeInfo
+    return lambda name: NodeSnapshot(name, node(name), NodeInfo.of([h for h in holders if h["spec"]["nodeName"] == name]))
+
+
+def test_the_live_gang_is_the_workloads_pending_members_and_its_bound_pods():
+    me = gang_member(1)
+    others = [gang_member(0, "node1"), me, gang_member(2), gang_member(3, phase="Failed"),
+              gang_member(4, scheduler="default-scheduler"), gang_member(5, owner="other"),
+              {**gang_member(6), "metadata": {**gang_member(6)["metadata"], "annotations": {ANNOTATION: SEED}}}]
+    gang, nodes = core.live_gang(me, others)
+    assert (gang.name, gang.size, gang.bound, nodes) == ("ns/w", 5, ("ns/w-0",), {"ns/w-0": "node1"})
+    assert [p["metadata"]["name"] for p in gang.pending] == ["w-1", "w-2"]
+    # A bound member's gang: the others pending, itself bound.
+    bound_gang, _ = core.live_gang(others[0], others)
+    assert [p["metadata"]["name"] for p in bound_gang.pending] == ["w-1", "w-2"] and bound_gang.bound == ("ns/w-0",)
+    assert core.live_gang(cluster_pod(), others) is None  # no gang
+    assert core.live_gang(gang_member(1, value="many"), others) is None  # malformed: PreFilter refuses the pod
+
+
+def test_a_gang_blocked_by_a_holder_waits_with_binds_message():
+    framework = Framework(default_profile(SchedulerConfig()))
+    gang = GangSnapshot("ns/w", 5, tuple(gang_member(i) for i in range(5)))
+    answer = core.gang_scheduling(gang, framework, snapshots([holder_of_node4_gpu3()]))
+    decided = framework.decide_gang(gang, snapshots([holder_of_node4_gpu3()]), every_member=True)
+    assert (answer.verdict.action, answer.verdict.plugin, answer.verdict.reason, answer.verdict.message) == (
+        "wait", "Gang", "GangMemberRefused", decided.status.message)
+    assert answer.verdict.message.startswith("gang ns/w: 3 of 5 members placeable; member ns/w-3: GPU 3 on node4 is held by")
+    assert answer.verdict.node == "node4" and not answer.verdict.placeable
+    assert [(m.name, m.state, m.node, m.plugin) for m in answer.members] == [
+        ("ns/w-0", "placeable", "node1", ""), ("ns/w-1", "placeable", "node2", ""),
+        ("ns/w-2", "placeable", "node3", ""), ("ns/w-3", "refused", "node4", "GPUsHeld"),
+        ("ns/w-4", "refused", "node4", "GPUsHeld")]
+    assert answer.verdict.retried_on == tuple(core.retried_on("GPUsHeld"))
+
+
+def test_a_gang_with_members_missing_and_one_that_binds():
+    framework = Framework(default_profile(SchedulerConfig()))
+    short = core.gang_scheduling(GangSnapshot("ns/w", 5, (gang_member(0), gang_member(1)), ("ns/w-2",)), framework,
+                                 snapshots(), {"ns/w-2": "node3"})
+    assert short.verdict.reason == "GangMembersMissing" and short.verdict.message.startswith(
+        "gang ns/w: 3 of 5 members exist")
+    assert (short.missing, short.bound, [m.state for m in short.members]) == (2, ("ns/w-2",), ["bound", "placeable",
+                                                                                                "placeable"])
+    assert short.members[0].node == "node3" and "a member of the gang created" in short.verdict.retried_on
+    whole = core.gang_scheduling(GangSnapshot("ns/w", 2, (gang_member(0), gang_member(1))), framework, snapshots())
+    assert (whole.verdict.action, whole.verdict.message, whole.verdict.placeable) == (
+        "bind", "bind 2 members together", True)

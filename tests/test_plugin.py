@@ -427,3 +427,110 @@ def test_suggest_prints_the_manifest_as_people_write_it():
     both = json.loads(manifest_text([obj, obj], "json"))
     assert (both["kind"], both["items"]) == ("List", [obj, obj])
     assert list(yaml.safe_load_all(manifest_text([obj, obj], "yaml"))) == [obj, obj]
+
+
+# -- gangs (docs/gangs.md) --------------------------------------------------------------------------
+ORDERED_READY = ("a StatefulSet with podManagementPolicy: OrderedReady creates one pod at a time and never forms a gang;"
+                 " set podManagementPolicy: Parallel")
+
+
+def gang_manifest(value="true", **spec) -> dict:
+    obj = with_map(SEED["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"], **spec)
+    obj["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/gang"] = value
+    return obj
+
+
+def test_plan_shows_the_gang_its_size_and_members(tmp_path):
+    code, out, err = run("plan", "-f", write(tmp_path, gang_manifest()))
+    assert (code, err) == (0, "")
+    assert ("  gang default/gpu-scheduler-check: 5 members, bound together or none:"
+            " gpu-scheduler-check-0 ... gpu-scheduler-check-4\n") in out
+    assert "OrderedReady" not in out  # the seed's podManagementPolicy is Parallel
+    code, out, _ = run("plan", "-f", write(tmp_path, gang_manifest("3")), "-o", "json")
+    gang = json.loads(out)["workloads"][0]["gang"]
+    assert {k: gang[k] for k in ("name", "size", "bound", "missing", "verdict")} == {
+        "name": "default/gpu-scheduler-check", "size": 3, "bound": [], "missing": 0, "verdict": None}
+    assert gang["members"][0] == {"name": "default/gpu-scheduler-check-0", "state": "expected", "node": "node1",
+                                  "plugin": None, "message": None}
+    assert len(gang["members"]) == 5
+    code, out, _ = run("plan", "-f", write(tmp_path, with_map("0=node1:0")), "-o", "json")
+    assert "gang" not in json.loads(out)["workloads"][0]
+
+
+@pytest.mark.parametrize("policy", [None, "OrderedReady"])
+def test_plan_warns_of_a_statefulset_that_never_forms_a_gang(tmp_path, policy):
+    obj = gang_manifest()
+    obj["spec"].pop("podManagementPolicy", None)
+    if policy:
+        obj["spec"]["podManagementPolicy"] = policy
+    code, out, _ = run("plan", "-f", write(tmp_path, obj))
+    assert code == 0 and f"  warning: {ORDERED_READY}\n" in out
+    code, out, _ = run("plan", "-f", write(tmp_path, obj), "-o", "json")
+    assert {"reason": "GangOrderedReady", "message": ORDERED_READY} in json.loads(out)["workloads"][0]["warnings"]
+
+
+def test_plan_refuses_a_malformed_gang_naming_the_fix(tmp_path):
+    code, _, err = run("plan", "-f", write(tmp_path, gang_manifest("all")))
+    assert code == 2 and "gpu-scheduler/gang: 'all' is not a gang size: set gpu-scheduler/gang to \"true\"" in err
+
+
+BLOCKED = ("gang ns/w: 3 of 5 members placeable; member ns/w-3: GPU 3 on node4 is held by team-a/x-0 (another"
+           " workload; ...)")
+
+
+def gang_answer() -> dict:
+    """explain's answer for a member of a gang that a holder of node4's GPU 3 blocks (as -o json gives it)."""
+    members = [{"name": f"ns/w-{i}", "state": "placeable", "node": n, "plugin": None, "message": None}
+               for i, n in enumerate(("node1", "node2", "node3"))]
+    members += [{"name": f"ns/w-{i}", "state": "refused", "node": "node4", "plugin": "GPUsHeld",
+                 "message": "GPU 3 on node4 is held by team-a/x-0"} for i in (3, 4)]
+    return {"namespace": "ns", "name": "w-0", "node": None, "index": 0, "entry": "0=node1:0,1", "env": {},
+            "podScheduled": None, "events": [],
+            "gang": {"name": "ns/w", "size": 5, "bound": [], "missing": 0, "members": members,
+                     "verdict": {"plugin": "Gang", "reason": "GangMemberRefused", "message": BLOCKED}},
+            "scheduling": {"action": "wait", "node": "node4", "plugin": "Gang", "reason": "GangMemberRefused",
+                           "message": BLOCKED, "retriedOn": ["a GPU freed"]},
+            "placeable": False}
+
+
+def test_explain_shows_the_gang_its_members_states_and_its_refusal():
+    from kubectl_gpu_scheduler.output import explain_table
+    text = explain_table(gang_answer())
+    assert "Gang:           ns/w (5 members bound together or none; 0 bound)\n" in text
+    lines = text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("  MEMBER")))
+    assert [line.split()[:3] for line in lines[start + 1:start + 6]] == [
+        ["ns/w-0", "placeable", "node1"], ["ns/w-1", "placeable", "node2"], ["ns/w-2", "placeable", "node3"],
+        ["ns/w-3", "refused", "node4"], ["ns/w-4", "refused", "node4"]]
+    assert lines[start + 4].endswith("GPUsHeld: GPU 3 on node4 is held by team-a/x-0")
+    assert f"Scheduling:     waits in bind's queue, refused by Gang: {BLOCKED}\n" in text
+    assert "the gang waits" not in text  # said once, as the pod's own verdict
+
+
+def test_explain_of_a_gang_that_binds_and_of_one_missing_members():
+    from kubectl_gpu_scheduler.output import explain_table
+    answer = gang_answer()
+    for member in answer["gang"]["members"]:
+        member.update(state="placeable", plugin=None, message=None)
+    answer["gang"]["verdict"] = {"plugin": None, "reason": "Bind", "message": "bind 5 members together"}
+    answer["scheduling"] = {"action": "bind", "node": "node1", "plugin": None, "reason": "Bind",
+                            "message": "bind to node1", "retriedOn": []}
+    assert "  the gang: bind 5 members together\n" in explain_table(answer)
+    answer["gang"].update(members=answer["gang"]["members"][:3], missing=2, bound=["ns/w-2"])
+    assert "Gang:           ns/w (5 members bound together or none; 1 bound, 2 missing)\n" in explain_table(answer)
+
+
+def test_plan_cluster_table_says_the_gangs_refusal_once():
+    from kubectl_gpu_scheduler.output import plan_table
+    gang = gang_answer()["gang"]
+    pods = [{"index": i, "pod": f"w-{i}", "node": m["node"], "devices": ["0"], "env": {"cuda": {}, "nvidia": {}},
+             "placeable": False, "problems": [], "warnings": [],
+             "cluster": {"decision": "wait", "plugin": "Gang", "reason": "GangMemberRefused", "message": BLOCKED}}
+            for i, m in enumerate(gang["members"])]
+    answer = {"workloads": [{"source": "w.yaml", "document": 1, "kind": "StatefulSet", "namespace": "ns", "name": "w",
+                             "replicas": 5, "indexed": True, "ordinalsStart": None, "placeable": False, "pods": pods,
+                             "warnings": [], "gang": gang}], "placeable": False}
+    text = plan_table(answer)
+    assert [row[-2:] for row in table_rows(text)] == [["Gang", "now"]] * 5
+    assert text.count(BLOCKED) == 1 and f"  gang not placeable now: {BLOCKED}\n" in text
+    assert "  member w-3 refused by GPUsHeld: GPU 3 on node4 is held by team-a/x-0\n" in text

@@ -21,6 +21,7 @@ from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
 from gpu_scheduler.plugins.dra import Device, allocated, drivers_on, node_devices
 from gpu_scheduler.framework.snapshot import DraSupport, GangSnapshot, NodeSnapshot
+from gpu_scheduler.placement import metadata
 from gpu_scheduler.plugins.gang import GANG_ANNOTATION, gang_of
 from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
@@ -483,7 +484,8 @@ class Views:
 
     def _index_pending(self, uid: str, entry: PendingPod) -> None:
         """Inside the lock: a pending pod that asks for a gang, under its workload."""
-        if entry.pod is not None and GANG_ANNOTATION in (_meta(entry.pod).get("annotations") or {}):
+        annotations = metadata(entry.pod).get("annotations") if entry.pod is not None else None
+        if isinstance(annotations, Mapping) and GANG_ANNOTATION in annotations:  # any shape of pod: never a crash
             self._gang_pending.setdefault(workload(entry.pod), {})[uid] = None
 
     def _drop_pending(self, uid: str) -> bool:
