@@ -424,7 +424,8 @@ def test_bind_killed_between_two_bindings_of_a_gang_the_next_instance_binds_the_
         bound = bound_of(members(stack, namespace, "relay"))
         assert len(bound) == 1, f"bound when the instance died: {bound}\n{dying.output()[-3000:]}"
         assert {(r.node, r.device) for r in records_naming(stack, namespace, "relay")} == \
-            {(a, str(d)) for d in range(4)}, "the gang's records, all written before its first Binding"
+            {(a, str(d)) for d in range(4)}, \
+            f"the gang's records, all written before its first Binding; bound: {bound}\n{dying.output()[-6000:]}"
     finally:
         os.killpg(group, signal.SIGCONT)
     resumed = time.monotonic()
