@@ -32,7 +32,7 @@ def test_explain_and_plan_give_binds_refusal_of_a_blocked_gang(stack, namespace,
     members = stack.wait_for(lambda: (lambda pods: pods if len(pods) == 5 else None)(
         stack.pods(namespace, "app=gpu-scheduler-check")), 60, "the gang's five members")
     uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in members}
-    prefix = f"gang {namespace}/gpu-scheduler-check: 3 of 5 members placeable; member {namespace}/gpu-scheduler-check-3:"
+    prefix = f"gang {namespace}/gpu-scheduler-check: 3 of 5 members placeable; member gpu-scheduler-check-3:"
 
     def events():
         found = {}
