@@ -32,7 +32,7 @@ from gpu_scheduler.fit import workload
 from gpu_scheduler.framework.runtime import Framework, GangOutcome, Outcome
 from gpu_scheduler.plugins import gang as gangs
 from gpu_scheduler.plugins.defaultbinder import CHANGED
-from gpu_scheduler.plugins.gang import NAME as GANG, GangError
+from gpu_scheduler.plugins.gang import NAME as GANG
 from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
@@ -338,11 +338,8 @@ class Placer:
             # never decide on a partial view; the queue tries again shortly
             return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
         started = time.perf_counter()
-        try:
-            gang = self.views.gang(pod)
-        except GangError:
-            gang = None  # the Gang plugin's PreFilter refuses it, with the fix
-        if gang is not None:
+        # A malformed gang annotation is no gang here: the Gang plugin's PreFilter refuses it, with the fix.
+        if gangs.gang_size_or_none(pod) is not None:
             return self._place_gang(pod, ref, started)
         outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, (pod,)))
         return self._attempt_of(ref, outcome, decision, started, again)
