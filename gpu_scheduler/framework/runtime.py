@@ -50,6 +50,7 @@ class Outcome:
     status: Status
     node: str
     phase: str
+    preemption: str = ""  # what PostFilter (preemption) came to: its reason ("Preempted", "None", ...); '' when not run
 
     @property
     def bound(self) -> bool:
@@ -248,12 +249,20 @@ class Framework:
         return status
 
     def _post_filter(self, pod, decision: Decision, cluster: Cluster) -> Outcome:
-        """The refusal stands; PostFilter plugins may act so that a later attempt succeeds."""
+        """The refusal stands; PostFilter plugins may act so that a later attempt succeeds. What
+        they did or why they could not is added to the refusal's message (kube-scheduler's
+        "preemption: ..."); the refusing plugin stays, so its events retry the pod. An API failure
+        of theirs is the attempt's ERROR: retried after the backoff."""
+        refusal = decision.status
         for plugin in self.profile.post_filter:
-            status = plugin.post_filter(decision.state, pod, decision.node, decision.status, cluster)
-            if status.code is Code.SUCCESS:
-                break
-        return Outcome(decision.status, decision.node.name, decision.phase)
+            status = plugin.post_filter(decision.state, pod, decision.node, refusal, cluster)
+            if status.code is Code.ERROR:
+                return Outcome(status, decision.node.name, POST_FILTER, "Error")
+            said = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}") \
+                if status.message else refusal
+            if status.code is Code.SUCCESS or plugin is self.profile.post_filter[-1]:
+                return Outcome(said, decision.node.name, decision.phase, status.reason)
+        return Outcome(refusal, decision.node.name, decision.phase)
 
     def _bind_cycle(self, pod, state: CycleState, node: NodeSnapshot, cluster: Cluster) -> Outcome:
         reserved: list = []
