@@ -204,3 +204,21 @@ def test_a_pod_of_default_priority_keeps_its_refusal_as_it_was():
     placer, api = placer_with(pods=[victim_pod()])
     attempt = placer.place(copy.deepcopy(POD))
     assert "preemption" not in attempt.outcome["message"] and api.called("evict") == []
+
+
+# -- explain's line ------------------------------------------------------------------------------
+def test_explain_names_who_would_be_preempted_or_why_nobody_can_be():
+    from gpu_scheduler.framework.profile import default_profile
+    from gpu_scheduler.framework.config import SchedulerConfig
+    from gpu_scheduler.framework.runtime import Framework
+    from gpu_scheduler.plan import scheduling
+
+    def snapshot_of(pods):
+        return lambda node: NodeSnapshot(node, NODE, NodeInfo.of(pods), now=time.time())
+    framework = Framework(default_profile(SchedulerConfig()))
+    decided = scheduling(HIGH, framework, snapshot_of([victim_pod()]))
+    assert decided.action == "wait" and decided.preemption == "would preempt team-a/train-0 (priority 0) on node1"
+    equal = scheduling(HIGH, framework, snapshot_of([holder("train-0", "1", 100, uid="u-holder", owner="train")]))
+    assert equal.preemption.startswith("nobody can be preempted: no pod on node1 has a priority lower than this"
+                                       " pod's 100")
+    assert scheduling(POD, framework, snapshot_of([victim_pod()])).preemption == ""  # priority 0: as bind's Event

@@ -228,21 +228,22 @@ def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, 
         return NoPreemption("the pod's preemptionPolicy is Never")
     priority = pod_priority(pod)
     terminating = [p for p in node.info.pods if p.terminating]
+    units, kept = _units(pod, node, priority, members_of)
+    every = [p for unit in units for p in unit.here] + terminating
+    if every:
+        alone = _fits(filters, state, pod, node_without(node, every))
+        if not alone.ok:
+            return NoPreemption(f"even with every pod of lower priority than {priority} gone from {node.name}, the"
+                                f" pod would not fit: {alone.message}", quiet=priority == 0 and not units)
     if terminating and _fits(filters, state, pod, node_without(node, terminating)).ok:
         return Waiting(f"{', '.join(p.name for p in terminating)} terminating on {node.name}; the pod is placed"
                        " once they are gone")
-    units, kept = _units(pod, node, priority, members_of)
     if not units:
         if kept:
             return NoPreemption(f"no pod on {node.name} has a priority lower than this pod's {priority}"
                                 f" ({', '.join(f'{p.name}: {p.priority}' for p in kept[:3])}"
                                 f"{', ...' if len(kept) > 3 else ''})", quiet=priority == 0)
         return NoPreemption(f"no other pod on {node.name} to preempt", quiet=priority == 0)
-    every = [p for unit in units for p in unit.here] + terminating
-    alone = _fits(filters, state, pod, node_without(node, every))
-    if not alone.ok:
-        return NoPreemption(f"even with every pod of lower priority than {priority} gone from {node.name}, the pod"
-                            f" would not fit: {alone.message}")
     # kube-scheduler's selectVictimsOnNode: the most important first (higher priority, then name),
     # those a PodDisruptionBudget protects tried first for a reprieve.
     units.sort(key=lambda u: (-u.priority, u.name))
@@ -273,6 +274,19 @@ def _release(written: Sequence[Mapping[str, Any]], cluster) -> None:
             cluster.update_record(str(metadata(lease).get("name")), without_nomination(lease))
         except APIError:
             pass
+
+
+def explained(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
+              filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
+              members_of: MembersOf = lambda key: ()) -> str:
+    """explain's `Preemption:` line: who bind would preempt for the pod now, or why nobody; '' where
+    bind's Event says nothing of it either (a pod of priority 0 with no pod of lower priority in its way)."""
+    chosen = select_victims(pod, node, refusal, state, filters, pdbs, members_of)
+    if isinstance(chosen, Preemption):
+        return f"would preempt {chosen.describe()} on {node.name}"
+    if isinstance(chosen, Waiting):
+        return chosen.message
+    return "" if chosen.quiet else f"nobody can be preempted: {chosen.reason}"
 
 
 def preempted_message(pod: Mapping[str, Any], node: str) -> str:
