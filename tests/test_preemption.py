@@ -222,3 +222,31 @@ def test_explain_names_who_would_be_preempted_or_why_nobody_can_be():
     assert equal.preemption.startswith("nobody can be preempted: no pod on node1 has a priority lower than this"
                                        " pod's 100")
     assert scheduling(POD, framework, snapshot_of([victim_pod()])).preemption == ""  # priority 0: as bind's Event
+
+
+# -- gangs as preemptors -------------------------------------------------------------------------
+def gang_member(index: int) -> dict:
+    from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
+    return {"metadata": {"name": f"big-{index}", "namespace": "ns", "uid": f"u-big-{index}",
+                         "labels": {"apps.kubernetes.io/pod-index": str(index)},
+                         "ownerReferences": [{"controller": True, "kind": "StatefulSet", "name": "big", "uid": "s"}],
+                         "annotations": {ANNOTATION: "0=node1:0\n1=node1:1\n", "gpu-scheduler/gang": "true"}},
+            "spec": {"schedulerName": SCHEDULER_NAME, "containers": [], "priority": 100}}
+
+
+def test_a_gang_preempts_for_every_refused_member_or_for_none():
+    low = holder("train-0", "1", 0, uid="u-holder", owner="train")
+    placer, api = placer_with(pods=[gang_member(0), gang_member(1), low], update_lease=[{}], create_lease=[{}],
+                              evict=[{}], patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(gang_member(0)))
+    assert "preemption: preempted team-a/train-0 (priority 0) on node1" in attempt.outcome["message"], attempt.outcome
+    assert [args for args, _ in api.called("evict")] == [("team-a", "train-0", "u-holder")]
+    assert api.called("bind") == []
+
+    # one member's GPU held by a pod of equal priority: the gang cannot be placed whole, nobody is evicted
+    equal = holder("serve-0", "0", 100, uid="u-serve", owner="serve")
+    placer, api = placer_with(pods=[gang_member(0), gang_member(1), low, equal], update_lease=[{}],
+                              create_lease=[{}], evict=[{}], patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(gang_member(0)))
+    assert "nobody preempted: member big-0" in attempt.outcome["message"], attempt.outcome
+    assert api.called("evict") == []

@@ -377,7 +377,9 @@ class Placer:
             gang = self.views.gang(pod)
             outcome = self.framework.schedule_gang(gang, self._handle_type(
                 self.api, self.views, self.namespace, gang.pending, None if self.config.exit_after_bindings else
-                self._binding_pool))
+                self._binding_pool, recorder=self.recorder))
+        if outcome.preemption:
+            PREEMPTION_ATTEMPTS.labels(outcome.preemption).inc()
         attempt = Attempt({"result": RETRY, "message": "not among its gang's members"}, retry=True)
         for member, member_outcome in outcome.members:
             member_ref = PodRef.of(member)

@@ -294,6 +294,16 @@ def preempted_message(pod: Mapping[str, Any], node: str) -> str:
     return f"Preempted by {meta.get('namespace')}/{meta.get('name')} (priority {pod_priority(pod)}) on node {node}"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One preemptor's part: its victims, on its node, and the claim written for it."""
+
+    pod: Mapping[str, Any]
+    node: NodeSnapshot
+    state: CycleState
+    chosen: Preemption
+
+
 class DefaultPreemption(PostFilterPlugin):
     name = NAME
 
@@ -307,51 +317,95 @@ class DefaultPreemption(PostFilterPlugin):
             return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: {chosen.reason}", "None")
         if isinstance(chosen, Waiting):
             return unschedulable(NAME, chosen.message, "Waiting")
-        meta = metadata(pod)
-        who, uid, priority = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or ""), pod_priority(pod)
-        devices = resolved(state).placement.devices
-        if devices and all(nomination(node.records.get(d), node.now, node.gone) == uid for d in devices):
-            return unschedulable(NAME, f"{chosen.describe()} preempted for this pod already; it is placed once they"
-                                       " are gone", "Waiting")
-        until = time.time() + NOMINATION_SECONDS
-        written: list[Mapping[str, Any]] = []
-        for device in devices:  # the claim: a write at the version decided from; the first writer wins
-            record = node.records.get(device)
-            try:
-                body = nominated_lease(record, node.name, device, who, uid, priority, until)
-                written.append(cluster.create_record(body) if record is None else
-                               cluster.update_record(record.name, body))
-            except APIError as failure:
-                _release(written, cluster)
-                if failure.conflict:
-                    return unschedulable(NAME, f"GPU {device} on {node.name} was claimed by another preemptor or bind"
-                                               " instance first; nothing evicted", "Lost")
-                return api_failure(NAME, f"nominating this pod on the record of GPU {device} on {node.name}", failure)
-        try:
-            cluster.nominate(pod, node.name)
-        except APIError as failure:
-            _release(written, cluster)
-            return api_failure(NAME, f"setting status.nominatedNodeName to {node.name}", failure)
-        message = preempted_message(pod, node.name)
-        evicted = []
-        for victim in chosen.victims:
-            namespace, name = victim.info.name.split("/", 1)
-            try:
-                cluster.evict(namespace, name, victim.info.uid)
-            except APIError as failure:
-                if failure.not_found:
-                    continue  # gone already
-                # Not now: the devices are released for whoever comes first, and this pod tries again
-                # after its backoff (a PodDisruptionBudget's status the snapshot had not seen yet).
-                _release(written, cluster)
-                if failure.status == 429:
-                    return error(NAME, f"the Eviction API refused to evict {victim.info.name} now (429:"
-                                       f" {failure.message}); evicted {', '.join(evicted) or 'nobody'}")
-                return api_failure(NAME, f"evicting {victim.info.name}", failure)
-            evicted.append(victim.info.name)
-            cluster.mark_preempted(namespace, name, victim.info.uid, REASON,
-                                   f"{spec(pod).get('schedulerName')}: preempting to accommodate a higher priority pod",
-                                   message)
-        return Status(SUCCESS.code, NAME, f"preempted {chosen.describe()} on {node.name}; the pod is placed once they"
-                                          " are gone", "Preempted")
+        return self._preempt([_Plan(pod, node, state, chosen)], cluster)
 
+    def post_filter_gang(self, refused: Sequence[tuple[CycleState, Mapping[str, Any], NodeSnapshot, Status]],
+                         cluster) -> Status:
+        """A gang's refused members (each with its decision's state, node and refusal): victims for
+        every one of them, each member's chosen on its node with the victims of the members before
+        it gone; if any member cannot be made placeable, nobody is evicted."""
+        plans: list[_Plan] = []
+        chosen_on: dict[str, list[PodInfo]] = {}
+        for state, pod, node, refusal in refused:
+            trial = node_without(node, chosen_on.get(node.name, ()))
+            chosen = select_victims(pod, trial, refusal, state, self.filters, cluster.pdbs(node), cluster.members_of)
+            who = metadata(pod).get("name")
+            if isinstance(chosen, NoPreemption):
+                return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: member {who}: {chosen.reason}",
+                                     "None")
+            if isinstance(chosen, Preemption):
+                plans.append(_Plan(pod, node, state, chosen))
+                chosen_on.setdefault(node.name, []).extend(v.info for v in chosen.victims if v.node == node.name)
+        if not plans:
+            return unschedulable(NAME, "the gang's victims are terminating; it is placed once they are gone", "Waiting")
+        return self._preempt(plans, cluster)
+
+    def _preempt(self, plans: Sequence[_Plan], cluster) -> Status:
+        """The claims of every plan, then the nominations, then the evictions."""
+        already = [p for p in plans if _nominated_already(p)]
+        if len(already) == len(plans):
+            return unschedulable(NAME, f"{'; '.join(p.chosen.describe() for p in plans)} preempted for this pod"
+                                       " already; it is placed once they are gone", "Waiting")
+        written: list[Mapping[str, Any]] = []
+        until = time.time() + NOMINATION_SECONDS
+        for plan in plans:  # the claim: a write at the version decided from; the first writer wins
+            meta, node = metadata(plan.pod), plan.node
+            who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
+            for device in resolved(plan.state).placement.devices:
+                record = node.records.get(device)
+                try:
+                    body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until)
+                    written.append(cluster.create_record(body) if record is None else
+                                   cluster.update_record(record.name, body))
+                except APIError as failure:
+                    _release(written, cluster)
+                    if failure.conflict:
+                        return unschedulable(NAME, f"GPU {device} on {node.name} was claimed by another preemptor or"
+                                                   " bind instance first; nothing evicted", "Lost")
+                    return api_failure(NAME, f"nominating {who} on the record of GPU {device} on {node.name}",
+                                       failure)
+        for plan in plans:
+            try:
+                cluster.nominate(plan.pod, plan.node.name)
+            except APIError as failure:
+                _release(written, cluster)
+                return api_failure(NAME, f"setting status.nominatedNodeName to {plan.node.name}", failure)
+        evicted: list[str] = []
+        unmarked: list[str] = []
+        for plan in plans:
+            message = preempted_message(plan.pod, plan.node.name)
+            for victim in plan.chosen.victims:
+                if victim.info.name in evicted:
+                    continue
+                namespace, name = victim.info.name.split("/", 1)
+                try:
+                    cluster.evict(namespace, name, victim.info.uid)
+                except APIError as failure:
+                    if failure.not_found:
+                        continue  # gone already
+                    # Not now: the devices are released for whoever comes first, and the pod tries
+                    # again after its backoff (a PodDisruptionBudget's status the snapshot had not seen yet).
+                    _release(written, cluster)
+                    if failure.status == 429:
+                        return error(NAME, f"the Eviction API refused to evict {victim.info.name} now (429:"
+                                           f" {failure.message}); evicted {', '.join(evicted) or 'nobody'}")
+                    return api_failure(NAME, f"evicting {victim.info.name}", failure)
+                evicted.append(victim.info.name)
+                try:
+                    cluster.mark_preempted(namespace, name, victim.info.uid, REASON,
+                                           f"{spec(plan.pod).get('schedulerName')}: preempting to accommodate a"
+                                           " higher priority pod", message)
+                except APIError:
+                    unmarked.append(victim.info.name)  # evicted all the same: its condition is all that is missing
+        said = "; ".join(f"preempted {p.chosen.describe()} on {p.node.name}" for p in plans)
+        if unmarked:
+            said += f" (the DisruptionTarget condition of {', '.join(unmarked)} could not be written)"
+        return Status(SUCCESS.code, NAME, f"{said}; placed once they are gone", "Preempted")
+
+
+def _nominated_already(plan: _Plan) -> bool:
+    """Every device of the plan's pod is nominated for it: an earlier attempt (or instance) evicted its victims."""
+    uid = str(metadata(plan.pod).get("uid") or "")
+    devices = resolved(plan.state).placement.devices
+    return bool(devices) and all(nomination(plan.node.records.get(d), plan.node.now, plan.node.gone) == uid
+                                 for d in devices)
