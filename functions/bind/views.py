@@ -169,7 +169,8 @@ class Views:
             return NodeSnapshot(
                 name=node, node=self._nodes.get(node), info=self._node_info(node),
                 records=MappingProxyType(records), gone=frozenset(uid for r in records.values()
-                                                                  for uid in self._gone_of(r)),
+                                                                  for uid in self._gone_of(r)) |
+                frozenset(r.nominee_uid for r in records.values() if r.nominee_uid in self.gone),  # a preemptor deleted
                 now=time.time(), slices=slices, held=MappingProxyType(held),
                 claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
                 dra=self._dra_support(),
