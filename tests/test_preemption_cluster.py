@@ -86,13 +86,16 @@ def log_of(stack) -> str:
     return "\n".join(line[:300] for line in stack.cp.log_tail("bind", 20).splitlines())
 
 
-def waiting_saying(stack, namespace: str, name: str, words: str, timeout: float = 30) -> dict:
-    """Pod `name` pending with a FailedScheduling Event whose message holds `words`: that Event."""
+def waiting_saying(stack, namespace: str, name: str, words: str | tuple[str, ...], timeout: float = 30) -> dict:
+    """Pod `name` pending with a FailedScheduling Event whose message holds `words` (or one of
+    them): that Event."""
+    said = (words,) if isinstance(words, str) else words
+
     def check():
         body = pod(stack, namespace, name)
         assert body is not None and not body["spec"].get("nodeName"), f"{name} bound: {body and body['spec']}"
         found = [e for e in events(stack, namespace, body["metadata"]["uid"], "FailedScheduling")
-                 if words in e["message"]]
+                 if any(w in e["message"] for w in said)]
         return found[0] if found else None
     try:
         return stack.wait_for(check, timeout, f"{name} waiting, saying {words!r}", interval=0.3)
@@ -148,7 +151,8 @@ def test_a_lower_priority_pod_is_evicted_and_the_preemptor_bound(stack, namespac
     stack.wait_for(lambda: (pod(stack, namespace, "urgent-0") or {}).get("spec", {}).get("nodeName") == node, 30,
                    "the preemptor bound")
     # the StatefulSet's replacement of the victim, of lower priority, waits: the GPU is the preemptor's
-    waiting_saying(stack, namespace, "batch-0", "held by")
+    # (kept for it, given to it, or held by it, depending on when it was last tried)
+    waiting_saying(stack, namespace, "batch-0", (f"held by {namespace}/urgent-0", "given to", "being freed for"))
 
 
 # -- 2. nobody can be preempted: nothing evicted, the reason given -----------------------------
@@ -205,7 +209,7 @@ def test_two_preemptors_racing_for_one_victims_gpu_evict_it_once_and_one_is_boun
         play_kubelet(stack, namespace, victim["metadata"]["name"])
         stack.wait_for(lambda: (pod(stack, namespace, winner) or {}).get("spec", {}).get("nodeName") == node, 30,
                        f"{winner} bound")
-        waiting_saying(stack, namespace, loser, "held by")
+        waiting_saying(stack, namespace, loser, (f"held by {namespace}/{winner}", f"given to {namespace}/{winner}"))
         assert not pod(stack, namespace, loser)["spec"].get("nodeName")
         replacement = pod(stack, namespace, "batch-0")
         assert replacement is None or not replacement["metadata"].get("deletionTimestamp")
