@@ -499,12 +499,14 @@ def scheduling(pod: Mapping[str, Any], framework: Framework,
     node = verdict.node.name if verdict.node else ""
     if verdict.status.ok:
         return Scheduling("bind", node, "", "Bind", f"bind to {node}")
-    preemption = ""
+    preemption, message = "", verdict.status.message
     if verdict.node is not None and verdict.status.refused:
         for plugin in framework.profile.post_filter:
             if isinstance(plugin, DefaultPreemption):
-                preemption = explained(pod, verdict.node, verdict.status, verdict.state, plugin.filters, tuple(pdbs))
-    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, verdict.status.message,
+                preemption, said = explained(pod, verdict.node, verdict.status, verdict.state, plugin.filters,
+                                             tuple(pdbs))
+                message = f"{message}; preemption: {said}" if said else message  # as bind's Event words it
+    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, message,
                       tuple(retried_on(verdict.status.plugin)), preemption)
 
 

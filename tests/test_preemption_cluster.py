@@ -106,14 +106,20 @@ def waiting_saying(stack, namespace: str, name: str, words: str | tuple[str, ...
 
 
 def evicted(stack, namespace: str, victim: dict, timeout: float = 30) -> dict:
-    """The victim, once Terminating (evicted) with its DisruptionTarget condition."""
-    name = victim["metadata"]["name"]
+    """The victim, once evicted (Terminating) and its `Preempted` Event written. bind writes that
+    Event only after its DisruptionTarget condition, which it writes only after the eviction has
+    returned: the Eviction API writes its own DisruptionTarget (EvictionByEvictionAPI) before it
+    deletes, so for one round trip the pod carries that reason; once the Event exists, the
+    condition read is the final one."""
+    name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
 
     def check():
         body = pod(stack, namespace, name)
-        if body is None or body["metadata"]["uid"] != victim["metadata"]["uid"]:
+        if body is None or body["metadata"]["uid"] != uid:
             raise AssertionError(f"{name} gone before the test played its kubelet")
-        return body if body["metadata"].get("deletionTimestamp") and disruption(body) else None
+        if not (body["metadata"].get("deletionTimestamp") and events(stack, namespace, uid, "Preempted")):
+            return None
+        return pod(stack, namespace, name)  # read after the Event was seen
     try:
         return stack.wait_for(check, timeout, f"{name} evicted", interval=0.2)
     except TimeoutError as error:

@@ -83,8 +83,9 @@ class Waiting:
 @dataclass(frozen=True)
 class NoPreemption:
     reason: str
-    # Nothing to say on the pod's Event: a pod of the default priority (0) with no pod of lower
-    # priority in its way, the common case, keeps its refusal's message as it was.
+    # Nothing to say on the pod's Event: a refusal no eviction can undo (a missing node, the map),
+    # or a pod of the default priority (0) with no pod of lower priority in its way, the common
+    # cases, keep their refusal's message as it was.
     quiet: bool = False
 
 
@@ -223,7 +224,8 @@ def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, 
                    members_of: MembersOf = lambda key: ()) -> Preemption | Waiting | NoPreemption:
     """Who must go so that `pod` fits on `node`, decided on the snapshot alone (no I/O)."""
     if refusal.plugin not in PREEMPTABLE:
-        return NoPreemption(f"{refusal.plugin}'s refusal is not one that evicting pods can undo")
+        # quiet: no pod's removal changes such a refusal, and its message is best left as it is
+        return NoPreemption(f"{refusal.plugin}'s refusal is not one that evicting pods can undo", quiet=True)
     if preemption_policy_never(pod):
         return NoPreemption("the pod's preemptionPolicy is Never")
     priority = pod_priority(pod)
@@ -278,15 +280,20 @@ def _release(written: Sequence[Mapping[str, Any]], cluster) -> None:
 
 def explained(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
               filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
-              members_of: MembersOf = lambda key: ()) -> str:
-    """explain's `Preemption:` line: who bind would preempt for the pod now, or why nobody; '' where
-    bind's Event says nothing of it either (a pod of priority 0 with no pod of lower priority in its way)."""
+              members_of: MembersOf = lambda key: ()) -> tuple[str, str]:
+    """explain's `Preemption:` line (who bind would preempt for the pod now, or why nobody), and
+    what bind's refusal adds to its message for it (the same words as post_filter's where nothing
+    is evicted; '' where bind adds nothing: a pod of priority 0 with nothing of lower priority in
+    its way)."""
     chosen = select_victims(pod, node, refusal, state, filters, pdbs, members_of)
     if isinstance(chosen, Preemption):
-        return f"would preempt {chosen.describe()} on {node.name}"
+        line = f"would preempt {chosen.describe()} on {node.name}"
+        return line, line
     if isinstance(chosen, Waiting):
-        return chosen.message
-    return "" if chosen.quiet else f"nobody can be preempted: {chosen.reason}"
+        return chosen.message, chosen.message
+    if chosen.quiet:
+        return "", ""
+    return f"nobody can be preempted: {chosen.reason}", f"nobody preempted: {chosen.reason}"
 
 
 def preempted_message(pod: Mapping[str, Any], node: str) -> str:
