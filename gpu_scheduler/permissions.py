@@ -55,6 +55,7 @@ PLUGIN = frozenset({
     ("", "nodes", "get"),           # the node checks bind makes
     ("", "nodes", "list"),          # suggest: every node is a candidate for a replica
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
+    ("policy", "poddisruptionbudgets", "list"),  # explain: the budgets that keep bind from preempting a pod
     # bind's device records (Leases in its namespace): GPUsHeld reads them as bind does
     ("coordination.k8s.io", "leases", "list"),
     # DRA mode: the pod's claim, the devices its node publishes, and the devices other claims hold.

@@ -26,6 +26,7 @@ from kubernetes import client
 
 from test_dra_cluster import RESOURCE, admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
 from test_end_to_end import pod_manifest, statefulset
+from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
 from test_records_cluster import own_nodes, ready_instance  # noqa: F401 (own_nodes: a fixture)
 
 LOW, HIGH, HIGH_NEVER = "gs-test-low", "gs-test-high", "gs-test-high-never"
@@ -163,7 +164,7 @@ def test_a_lower_priority_pod_is_evicted_and_the_preemptor_bound(stack, namespac
 
 # -- 2. nobody can be preempted: nothing evicted, the reason given -----------------------------
 @pytest.mark.parametrize("case", ["equal-priority", "never", "pdb"])
-def test_nothing_is_evicted_when_nobody_may_be_and_the_reason_is_given(stack, namespace, own_nodes, case):
+def test_nothing_is_evicted_when_nobody_may_be_and_the_reason_is_given(stack, namespace, own_nodes, reader, case):
     [node] = own_nodes(1)
     stack.apply(workload(namespace, "batch", f"{node}:1", HIGH if case == "equal-priority" else LOW))
     victim = bound_victim(stack, namespace, "batch")
@@ -180,10 +181,16 @@ def test_nothing_is_evicted_when_nobody_may_be_and_the_reason_is_given(stack, na
              "never": "nobody preempted: the pod's preemptionPolicy is Never",
              "pdb": f"nobody preempted: evicting {namespace}/batch-0 would violate its PodDisruptionBudget"
                     f" {namespace}/batch allows 0 disruptions now"}[case]
-    waiting_saying(stack, namespace, "urgent-0", words)
+    event = waiting_saying(stack, namespace, "urgent-0", words)
     stack.ping()  # tried again, every pending pod at once
     waiting_saying(stack, namespace, "urgent-0", words)
     never_evicted(stack, namespace, victim)
+    # explain, as a user granted exactly permissions.PLUGIN: bind's message, and why nobody can be preempted
+    code, out, err = run("explain", "pod/urgent-0", "-n", namespace, "--kubeconfig", reader,
+                         "--scheduler-namespace", "gpu-scheduler", "-o", "json")
+    decided = json.loads(out)["scheduling"]
+    assert (code, decided["message"]) == (1, event["message"]), (out, err)
+    assert decided["preemption"] == words.replace("nobody preempted:", "nobody can be preempted:")
     assert not pod(stack, namespace, "urgent-0")["status"].get("nominatedNodeName")
 
 
