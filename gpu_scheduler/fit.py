@@ -211,6 +211,8 @@ class PodInfo:
     labels: tuple[tuple[str, str], ...] = ()
     terminating: bool = False
     gang: bool = False
+    grace_seconds: int = 30  # spec.terminationGracePeriodSeconds: how long an eviction may take
+
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInfo":
@@ -219,7 +221,13 @@ class PodInfo:
         return cls(str(meta.get("uid") or ""), _pod_name(pod), pod_requests(pod),
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                   bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")))
+                   bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
+                   _grace_seconds(pod))
+
+
+def _grace_seconds(pod: Mapping[str, Any]) -> int:
+    value = spec(pod).get("terminationGracePeriodSeconds")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 30
 
 
 def pod_priority(pod: Mapping[str, Any]) -> int:

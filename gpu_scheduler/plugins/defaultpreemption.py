@@ -51,9 +51,9 @@ NAME = "DefaultPreemption"
 PREEMPTABLE = frozenset({"GPUsHeld", "DynamicResources", "NodeResourcesFit", "NodePorts"})
 REASON = "PreemptionByScheduler"  # the victim's DisruptionTarget condition, as kube-scheduler writes it
 PREEMPTED = "Preempted"  # the victim's Event
-# How long a nomination keeps the devices for its pod: its victims' grace periods (30 s by default)
-# and the watch's delay, with room. A pod still waiting after that competes again as any other.
-NOMINATION_SECONDS = 120
+# How long a nomination keeps the devices for its pod beyond its victims' longest grace period (30 s
+# by default): the watch's delay, with room. A pod still waiting after that competes again as any other.
+NOMINATION_SECONDS = 90
 
 # What select_victims found: Preemption (evict these), Waiting (victims are terminating already:
 # nothing to evict) or NoPreemption (why nobody can be preempted).
@@ -354,7 +354,8 @@ class DefaultPreemption(PostFilterPlugin):
             return unschedulable(NAME, f"{'; '.join(p.chosen.describe() for p in plans)} preempted for this pod"
                                        " already; it is placed once they are gone", "Waiting")
         written: list[Mapping[str, Any]] = []
-        until = time.time() + NOMINATION_SECONDS
+        longest = max((v.info.grace_seconds for p in plans for v in p.chosen.victims), default=0)
+        until = time.time() + longest + NOMINATION_SECONDS
         for plan in plans:  # the claim: a write at the version decided from; the first writer wins
             meta, node = metadata(plan.pod), plan.node
             who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
