@@ -46,6 +46,7 @@ HOLDERS_KEY, POD_KEY, POD_UID_KEY = "gpu-scheduler/holders", "gpu-scheduler/last
 # its pod seen gone), the device goes to that pod alone, or to a pod of higher priority.
 NOMINATED_KEY, NOMINATED_UID_KEY = "gpu-scheduler/nominated", "gpu-scheduler/nominated-uid"
 NOMINATED_PRIORITY_KEY, NOMINATED_UNTIL_KEY = "gpu-scheduler/nominated-priority", "gpu-scheduler/nominated-until"
+NOMINATED_HOLDER_KEY = "gpu-scheduler/nominated-holder"  # the preemptor's workload: its siblings share the device
 _NAME_SAFE = re.compile(r"^[0-9]{1,4}$")
 
 
@@ -97,6 +98,7 @@ class Record:
     nominee_uid: str = ""
     nominee_priority: int = 0
     nominated_until: float = 0.0
+    nominee_holder: str = ""  # the preemptor's workload key
 
     @classmethod
     def of(cls, lease: Mapping[str, Any]) -> "Record | None":
@@ -122,7 +124,7 @@ class Record:
                    str(meta.get("resourceVersion") or ""), str(annotations.get(POD_KEY) or ""),
                    str(annotations.get(POD_UID_KEY) or ""), str(annotations.get(NOMINATED_KEY) or ""),
                    str(annotations.get(NOMINATED_UID_KEY) or ""), nominee_priority,
-                   _parse_time(annotations.get(NOMINATED_UNTIL_KEY)))
+                   _parse_time(annotations.get(NOMINATED_UNTIL_KEY)), str(annotations.get(NOMINATED_HOLDER_KEY) or ""))
 
 
 def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod: str, pod_uid: str, now: float,
@@ -143,8 +145,8 @@ def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod:
                      "acquireTime": _time(now), "renewTime": _time(now)}}
 
 
-def nominated_lease(record: Record, node: str, device: str, pod: str, pod_uid: str, priority: int,
-                    until: float) -> dict[str, Any]:
+def nominated_lease(record: Record | None, node: str, device: str, pod: str, pod_uid: str, priority: int,
+                    until: float, holder: str = "") -> dict[str, Any]:
     """`record` as it is, plus the nomination of `pod` until `until`: an update at its version (its
     holders, last pod and time unchanged, so nothing else about the device changes). Without a
     record (a holder bound before records were kept), a new one naming no holder."""
@@ -153,7 +155,7 @@ def nominated_lease(record: Record, node: str, device: str, pod: str, pod_uid: s
     else:
         body = lease_for(node, device, record.holders, record.shares, record.last_pod, record.last_uid,
                          record.written, record)
-    body["metadata"]["annotations"].update({NOMINATED_KEY: pod, NOMINATED_UID_KEY: pod_uid,
+    body["metadata"]["annotations"].update({NOMINATED_KEY: pod, NOMINATED_UID_KEY: pod_uid, NOMINATED_HOLDER_KEY: holder,
                                             NOMINATED_PRIORITY_KEY: str(priority), NOMINATED_UNTIL_KEY: _time(until)})
     return body
 
@@ -162,7 +164,8 @@ def without_nomination(lease: Mapping[str, Any]) -> dict[str, Any]:
     """`lease` (as written, with its resourceVersion) with its nomination taken off."""
     meta = dict(_map(lease.get("metadata")))
     meta["annotations"] = {k: v for k, v in _map(meta.get("annotations")).items()
-                           if k not in (NOMINATED_KEY, NOMINATED_UID_KEY, NOMINATED_PRIORITY_KEY, NOMINATED_UNTIL_KEY)}
+                           if k not in (NOMINATED_KEY, NOMINATED_UID_KEY, NOMINATED_PRIORITY_KEY, NOMINATED_UNTIL_KEY,
+                                        NOMINATED_HOLDER_KEY)}
     return {**lease, "metadata": meta}
 
 

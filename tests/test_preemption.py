@@ -20,7 +20,7 @@ from gpu_scheduler.records import NOMINATED_KEY, Record, lease_for, nominated_le
 from gpu_scheduler.schedmap import Placement
 
 from decide import FILTERS
-from test_placer import NODE, POD, api_error, lease, placer_with
+from test_placer import MINE, NODE, POD, api_error, lease, placer_with
 
 HELD = unschedulable("GPUsHeld", "GPU 1 on node1 is held by team-a/train-0")
 
@@ -125,8 +125,8 @@ def _record(**nomination) -> Record:
                      time.time() - 3600)
     body["metadata"]["resourceVersion"] = "7"
     record = Record.of(body)
-    return Record.of(nominated_lease(record, "node1", "1", "default/high", "u-high", 100, time.time() + 60)) \
-        if nomination else record
+    return Record.of(nominated_lease(record, "node1", "1", "default/high", "u-high", 100, time.time() + 60,
+                                     "StatefulSet d/high")) if nomination else record
 
 
 def test_a_device_being_freed_goes_to_its_nominee_or_a_pod_of_higher_priority_alone():
@@ -137,6 +137,8 @@ def test_a_device_being_freed_goes_to_its_nominee_or_a_pod_of_higher_priority_al
                                   priority=0), Held)  # not even its former holder
     assert isinstance(record_step(record, "StatefulSet d/high", False, (), time.time(), uid="u-high",
                                   priority=100), Write)
+    assert isinstance(record_step(record, "StatefulSet d/high", False, (), time.time(), uid="u-high-sibling",
+                                  priority=100), Write)  # the nominee's sibling shares its devices
     assert isinstance(record_step(record, "StatefulSet x/top", False, (), time.time(), uid="u-top",
                                   priority=1000), Write)
     # the nominee seen gone: the nomination ends with it
@@ -250,3 +252,19 @@ def test_a_gang_preempts_for_every_refused_member_or_for_none():
     attempt = placer.place(copy.deepcopy(gang_member(0)))
     assert "nobody preempted: member big-0" in attempt.outcome["message"], attempt.outcome
     assert api.called("evict") == []
+
+
+def test_a_sibling_of_the_preemptor_evicts_nothing_more():
+    """Index 3 and 4 of one StatefulSet share GPU 1: once index 4 is nominated, index 3 waits for
+    the same victim rather than evicting it again (this failed before the nomination named its workload)."""
+    victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
+    record = Record.of(victim_lease)
+    nominated = nominated_lease(record, "node1", "1", "default/gpu-scheduler-check-4", "u-4", 100,
+                                time.time() + 60, MINE)
+    nominated["metadata"]["resourceVersion"] = "6"
+    free = nominated_lease(None, "node1", "0", "default/gpu-scheduler-check-4", "u-4", 100, time.time() + 60, MINE)
+    free["metadata"]["resourceVersion"] = "6"
+    placer, api = placer_with(pods=[victim_pod()], leases=[nominated, free])
+    attempt = placer.place(copy.deepcopy(HIGH))
+    assert "preempted for this pod already" in attempt.outcome["message"], attempt.outcome
+    assert api.called("evict") == [] and api.called("update_lease") == []

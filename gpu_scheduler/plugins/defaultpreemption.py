@@ -37,13 +37,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from kubeapi.errors import APIError
 
 from . import dra
-from ..fit import NodeInfo, PodInfo, pod_priority
+from ..fit import NodeInfo, PodInfo, pod_priority, workload
 from ..framework.interface import (
     SUCCESS, CycleState, FilterPlugin, PostFilterPlugin, Status, api_failure, error, unschedulable,
 )
 from ..framework.snapshot import NodeSnapshot
 from ..placement import metadata, spec
-from ..records import nominated_lease, nomination, without_nomination
+from ..records import nominated_lease, nomination, without_nomination, workload_key
 from .mapentry import resolved
 
 NAME = "DefaultPreemption"
@@ -362,7 +362,8 @@ class DefaultPreemption(PostFilterPlugin):
             for device in resolved(plan.state).placement.devices:
                 record = node.records.get(device)
                 try:
-                    body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until)
+                    body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until,
+                                           workload_key(workload(plan.pod)))
                     written.append(cluster.create_record(body) if record is None else
                                    cluster.update_record(record.name, body))
                 except APIError as failure:
@@ -412,8 +413,14 @@ class DefaultPreemption(PostFilterPlugin):
 
 
 def _nominated_already(plan: _Plan) -> bool:
-    """Every device of the plan's pod is nominated for it: an earlier attempt (or instance) evicted its victims."""
-    uid = str(metadata(plan.pod).get("uid") or "")
+    """Every device of the plan's pod is nominated for it, or for a pod of its workload (which
+    shares its devices): an earlier attempt, instance or sibling evicted the victims."""
+    uid, mine = str(metadata(plan.pod).get("uid") or ""), workload_key(workload(plan.pod))
     devices = resolved(plan.state).placement.devices
-    return bool(devices) and all(nomination(plan.node.records.get(d), plan.node.now, plan.node.gone) == uid
-                                 for d in devices)
+    node = plan.node
+
+    def ours(device: str) -> bool:
+        record = node.records.get(device)
+        nominee = nomination(record, node.now, node.gone)
+        return bool(nominee) and (nominee == uid or record.nominee_holder == mine)
+    return bool(devices) and all(ours(d) for d in devices)

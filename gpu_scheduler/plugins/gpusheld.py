@@ -70,12 +70,13 @@ def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: It
     Held with the reason. `pods_on_node`: the node's non-terminal pods as bind sees them; `gone`:
     the UIDs of pods bind saw deleted. Every message is stable while the situation lasts (times,
     not ages), so a repeated refusal counts up one Event and explain words it as bind does. A
-    device being freed by preemption goes to its nominee (`uid`) alone, or to a pod of higher
-    `priority` than the nominee's."""
+    device being freed by preemption goes to its nominee (`uid`) and the pods of its workload alone,
+    or to a pod of higher `priority` than the nominee's."""
     if record is None:
         return Create()
     nominee = nomination(record, now, gone)
-    if nominee and nominee != uid and priority <= record.nominee_priority:
+    # the nominee's siblings (one workload, one map) share its devices: they may take it as it would
+    if nominee and nominee != uid and mine != record.nominee_holder and priority <= record.nominee_priority:
         return Held(f"GPU {record.device} on {record.node} is being freed for {record.nominee} (priority"
                     f" {record.nominee_priority}), which preempted its holder, until {_clock(record.nominated_until)}")
     if mine in record.holders:
