@@ -94,7 +94,9 @@ def waiting_saying(stack, namespace: str, name: str, words: str | tuple[str, ...
 
     def check():
         body = pod(stack, namespace, name)
-        assert body is not None and not body["spec"].get("nodeName"), f"{name} bound: {body and body['spec']}"
+        if body is None:
+            return None  # not created yet
+        assert not body["spec"].get("nodeName"), f"{name} bound: {body['spec']}"
         found = [e for e in events(stack, namespace, body["metadata"]["uid"], "FailedScheduling")
                  if any(w in e["message"] for w in said)]
         return found[0] if found else None
@@ -250,4 +252,36 @@ def test_dra_a_lower_priority_claims_device_is_freed_and_allocated_to_the_preemp
     assert [(r["pool"], r["device"]) for r in results] == [("node3", "gpu-1")]
 
 
-_ = client  # the kubernetes client: the stack's api (CoreV1Api) is used through `stack.api`
+
+
+
+# -- 5. a gang preempts for its refused member, or not at all --------------------------------------
+def gang_workload(namespace: str, name: str, entries: list[str], priority_class: str) -> dict:
+    text = "".join(f"{i}={entry}\n" for i, entry in enumerate(entries))
+    manifest = with_class(statefulset(namespace, text, replicas=len(entries), name=name), priority_class)
+    manifest["spec"]["podManagementPolicy"] = "Parallel"
+    manifest["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/gang"] = "true"
+    return manifest
+
+
+def test_a_gang_evicts_only_when_every_member_can_then_be_placed(stack, namespace, own_nodes):
+    a, b = own_nodes(2)
+    stack.apply(workload(namespace, "low", f"{b}:1", LOW))
+    low = bound_victim(stack, namespace, "low")
+    stack.apply(workload(namespace, "peer", f"{a}:2", HIGH))  # equal priority to the gang's: never preempted
+    peer = bound_victim(stack, namespace, "peer")
+    # member 1 needs the low pod's GPU, member 2 the peer's: the gang cannot be placed whole
+    stack.apply(gang_workload(namespace, "big", [f"{a}:0", f"{b}:1", f"{a}:2"], HIGH))
+    waiting_saying(stack, namespace, "big-2", "nobody preempted: member big-2")
+    never_evicted(stack, namespace, low)
+    never_evicted(stack, namespace, peer)
+
+    # the peer gone, the gang can be placed whole once the low pod is: it is evicted, then all bound
+    client.AppsV1Api(stack.api_client).delete_namespaced_stateful_set("peer", namespace)
+    play_kubelet(stack, namespace, peer["metadata"]["name"])
+    gone = evicted(stack, namespace, low)
+    assert disruption(gone)["reason"] == "PreemptionByScheduler"
+    assert not any(p["spec"].get("nodeName") for p in stack.pods(namespace, "app=big"))  # nothing bound meanwhile
+    play_kubelet(stack, namespace, low["metadata"]["name"])
+    bound = stack.wait_bound(namespace, 3, "app=big", timeout=30)
+    assert sorted(p["spec"]["nodeName"] for p in bound) == sorted([a, b, a])

@@ -156,9 +156,11 @@ class Framework:
         before the Bindings unreserves every member reserved, in reverse order, and forgets them."""
         decided = self.decide_gang(gang, cluster.snapshot)
         if not decided.status.ok:
-            status, preemption = self._post_filter_gang(decided, cluster)
-            # the queue's hint: the refused member's own plugin and node
-            waits_on = _outcome_of(decided.waits_on, decided.waits_on.decision.status) if decided.waits_on else None
+            status, preemption, blocked = self._post_filter_gang(decided, cluster)
+            # the queue's hint: the refused member's own plugin and node; after preemption, the
+            # member it could not help (its events are the ones that can change the answer)
+            waits_on_member = blocked or decided.waits_on
+            waits_on = _outcome_of(waits_on_member, waits_on_member.decision.status) if waits_on_member else None
             if status.code is Code.ERROR:
                 return GangOutcome(status, tuple((pod, Outcome(status, _node_of(pod, decided), POST_FILTER))
                                                  for pod in gang.pending), Outcome(status, "", POST_FILTER), preemption)
@@ -269,26 +271,28 @@ class Framework:
                 return Outcome(said, decision.node.name, decision.phase, status.reason)
         return Outcome(refusal, decision.node.name, decision.phase)
 
-    def _post_filter_gang(self, decided: GangDecision, cluster: Cluster) -> tuple[Status, str]:
+    def _post_filter_gang(self, decided: GangDecision, cluster: Cluster
+                          ) -> tuple[Status, str, MemberDecision | None]:
         """A gang refused because members are refused on their nodes (all exist): preemption for
-        all of those members or none (plugins/defaultpreemption.py), its words added to the gang's."""
+        all of those members or none (plugins/defaultpreemption.py), its words added to the gang's;
+        with the member preemption could not help, if any."""
         refusal = decided.status
         refused = [m for m in decided.members if not m.decision.status.ok]
         if not decided.members or not refused or refusal.code is Code.ERROR or \
                 any(m.decision.node is None or not m.decision.status.refused for m in refused):
-            return refusal, ""
+            return refusal, "", None
         for plugin in self.profile.post_filter:
             gang_preemption = getattr(plugin, "post_filter_gang", None)
             if gang_preemption is None:
                 continue
-            status = gang_preemption([(m.decision.state, m.pod, m.decision.node, m.decision.status) for m in refused],
-                                     cluster)
+            status, blocked = gang_preemption([(m.decision.state, m.pod, m.decision.node, m.decision.status)
+                                               for m in refused], cluster)
             if status.code is Code.ERROR:
-                return status, "Error"
+                return status, "Error", None
             if status.message:
                 refusal = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}")
-            return refusal, status.reason
-        return refusal, ""
+            return refusal, status.reason, refused[blocked] if blocked is not None else None
+        return refusal, "", None
 
     def _bind_cycle(self, pod, state: CycleState, node: NodeSnapshot, cluster: Cluster) -> Outcome:
         reserved: list = []

@@ -327,25 +327,27 @@ class DefaultPreemption(PostFilterPlugin):
         return self._preempt([_Plan(pod, node, state, chosen)], cluster)
 
     def post_filter_gang(self, refused: Sequence[tuple[CycleState, Mapping[str, Any], NodeSnapshot, Status]],
-                         cluster) -> Status:
+                         cluster) -> tuple[Status, int | None]:
         """A gang's refused members (each with its decision's state, node and refusal): victims for
         every one of them, each member's chosen on its node with the victims of the members before
-        it gone; if any member cannot be made placeable, nobody is evicted."""
+        it gone; if any member cannot be made placeable, nobody is evicted. With the status, the
+        index in `refused` of the member no preemption can help (the gang waits on its events)."""
         plans: list[_Plan] = []
         chosen_on: dict[str, list[PodInfo]] = {}
-        for state, pod, node, refusal in refused:
+        for index, (state, pod, node, refusal) in enumerate(refused):
             trial = node_without(node, chosen_on.get(node.name, ()))
             chosen = select_victims(pod, trial, refusal, state, self.filters, cluster.pdbs(node), cluster.members_of)
             who = metadata(pod).get("name")
             if isinstance(chosen, NoPreemption):
                 return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: member {who}: {chosen.reason}",
-                                     "None")
+                                     "None"), index
             if isinstance(chosen, Preemption):
                 plans.append(_Plan(pod, node, state, chosen))
                 chosen_on.setdefault(node.name, []).extend(v.info for v in chosen.victims if v.node == node.name)
         if not plans:
-            return unschedulable(NAME, "the gang's victims are terminating; it is placed once they are gone", "Waiting")
-        return self._preempt(plans, cluster)
+            return unschedulable(NAME, "the gang's victims are terminating; it is placed once they are gone",
+                                 "Waiting"), None
+        return self._preempt(plans, cluster), None
 
     def _preempt(self, plans: Sequence[_Plan], cluster) -> Status:
         """The claims of every plan, then the nominations, then the evictions."""
