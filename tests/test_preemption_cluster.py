@@ -9,7 +9,10 @@ whose mapped GPU a pod of lower priority holds takes it back.
   replicas: nothing is evicted, and the preemptor's Event says why;
 - three bind instances and two high-priority pods racing for one victim's GPU: one eviction, one
   bound pod, the other waiting and saying for whom the GPU is being freed;
-- DRA mode: the victim's claim's device is freed and then allocated in the preemptor's claim.
+- DRA mode: the victim's claim's device is freed and then allocated in the preemptor's claim;
+- a gang of high priority one of whose members only a pod of equal priority is in the way of:
+  nothing evicted; that pod gone, the low-priority pod in another member's way is evicted, and the
+  gang is bound whole.
 
 The test nodes have no kubelet: a pod evicted stays Terminating for its grace period, as on a real
 node while its containers stop, and no kubelet ever finishes it. Each test plays the kubelet once it
