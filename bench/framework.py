@@ -29,6 +29,9 @@ from localcp.stack import BIND_ACCOUNT, LocalStack
 
 # main's HEAD before the framework work began (bind's own placer, informers and queue)
 BEFORE = os.environ.get("BENCH_BEFORE") or "116f88f"
+# main's HEAD before preemption (a PostFilter phase that runs on refusals only): bind now against it
+# shows what placing pods that need no preemption costs now.
+BEFORE_PREEMPTION = "d61a96d"
 WHICH = ("now", "before")
 
 
@@ -163,9 +166,9 @@ def per_s(figure: dict) -> str:
     return ", ".join(f"{r['bound_per_s']:.0f}" for r in figure["runs"])
 
 
-def rows(f: dict) -> list[str]:
+def rows(f: dict, before_what: str = "the framework") -> list[str]:
     """The figure as rows of bench.run's table."""
-    label = f"bind now / before the framework ({f['revision']})"
+    label = f"bind now / before {before_what} ({f['revision']})"
     if "skipped" in f:
         return [f"{label:<62} {'skipped':>20}  {f['skipped']}"]
     now, before = f["now"], f["before"]

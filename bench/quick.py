@@ -1,6 +1,7 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
 last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang]
-[--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE)
+[--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
+preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang"}:
+    if only & {"peers", "dra", "framework", "gang", "preemption"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -49,6 +50,9 @@ def main() -> int:
                 results["framework_cost"] = framework.framework_cost(stack, args.pods, args.reps, args.before)
             if "gang" in only:  # not in the default: bench.run has it
                 results["gang"] = gang.gang_speed(stack, args.replicas, args.reps)
+            if "preemption" in only:  # not in the default: bench.run has it
+                results["preemption_cost"] = framework.framework_cost(stack, args.pods, args.reps,
+                                                                      framework.BEFORE_PREEMPTION)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -77,6 +81,8 @@ def main() -> int:
                   + f" claims allocated {[r['claims_allocated'] for m in run.DRA_MODES[1:] for r in value[m]['runs']]}")
         elif key == "framework_cost":
             print("\n".join(framework.rows(value)))
+        elif key == "preemption_cost":
+            print("\n".join(framework.rows(value, "preemption")))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
         elif key == "cold_start_s":

@@ -612,6 +612,8 @@ def table(results: dict) -> str:
         rows.append(f"{'bind now / before its fit checks (issue 9)':<62} {'skipped':>20}  {fit['skipped']}")
     if results.get("framework_cost"):
         rows += framework.rows(results["framework_cost"])
+    if results.get("preemption_cost"):
+        rows += framework.rows(results["preemption_cost"], "preemption")
     a = results["admission"]
     goal_row("pod creation with / without the webhook, median ratio", f"{a['median_ratio']:.2f}", "admission",
              a["median_ratio"])
@@ -707,6 +709,9 @@ def main() -> int:
         print(f"bench: bind now vs before the framework ({args.before}), create to bound", flush=True)
         results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
                                                              args.before)
+        print(f"bench: bind now vs before preemption ({framework.BEFORE_PREEMPTION}), create to bound", flush=True)
+        results["preemption_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
+                                                              framework.BEFORE_PREEMPTION)
     results["scale"] = scale.run(args.smoke, args.scale)
     results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:

@@ -27,6 +27,8 @@ from .schedmap import Placement
 # Written on the Binding, which the API server copies onto the pod in the same write: the devices
 # bind gave the pod. What counts for accounting, even if the map annotation is edited later.
 DEVICES_ANNOTATION = "gpu-scheduler/devices"
+# A workload's pods placed together or not at all (plugins/gang.py, which owns the rule).
+GANG_ANNOTATION = "gpu-scheduler/gang"
 # A workload that sets this to "true" may share its GPUs with other workloads that set it too.
 SHARE_ANNOTATION = "gpu-scheduler/share-gpus"
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -203,11 +205,35 @@ class PodInfo:
     devices: tuple[str, ...]
     workload: tuple[str, ...]
     shares: bool
+    # What preemption (plugins/defaultpreemption.py) asks of a pod it might evict: its priority, its
+    # labels (PodDisruptionBudgets select by them), whether it is terminating, and its gang.
+    priority: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    terminating: bool = False
+    gang: bool = False
+    grace_seconds: int = 30  # spec.terminationGracePeriodSeconds: how long an eviction may take
+
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInfo":
-        return cls(str(metadata(pod).get("uid") or ""), _pod_name(pod), pod_requests(pod),
-                   tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod))
+        meta = metadata(pod)
+        labels = _map(meta.get("labels"))
+        return cls(str(meta.get("uid") or ""), _pod_name(pod), pod_requests(pod),
+                   tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
+                   pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                   bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
+                   _grace_seconds(pod))
+
+
+def _grace_seconds(pod: Mapping[str, Any]) -> int:
+    value = spec(pod).get("terminationGracePeriodSeconds")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 30
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority, which the API server's Priority admission sets from the PriorityClass (0 when none)."""
+    value = spec(pod).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True)

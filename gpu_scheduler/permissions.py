@@ -9,7 +9,11 @@ BIND = frozenset({
     ("", "pods", "list"),           # the pod watch's listing: our pending pods and the pods on every node
     ("", "pods", "watch"),          # the cluster's pods, kept current: bind's queue, fit and GPU accounting
     ("", "pods/binding", "create"),  # the placement itself
-    ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does
+    ("", "pods/status", "patch"),   # PodScheduled=False with the reason, as kube-scheduler does; preemption's
+                                    # nominatedNodeName and its victims' DisruptionTarget condition
+    ("", "pods/eviction", "create"),  # preemption evicts its victims through the Eviction API (budgets hold)
+    ("policy", "poddisruptionbudgets", "list"),   # preemption: the budgets' watch's listing
+    ("policy", "poddisruptionbudgets", "watch"),  # a victim a budget protects now is not evicted
     ("", "events", "create"),       # Scheduled / FailedScheduling
     ("", "events", "get"),          # an Event another instance created: read its count
     ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
@@ -51,6 +55,7 @@ PLUGIN = frozenset({
     ("", "nodes", "get"),           # the node checks bind makes
     ("", "nodes", "list"),          # suggest: every node is a candidate for a replica
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
+    ("policy", "poddisruptionbudgets", "list"),  # explain: the budgets that keep bind from preempting a pod
     # bind's device records (Leases in its namespace): GPUsHeld reads them as bind does
     ("coordination.k8s.io", "leases", "list"),
     # DRA mode: the pod's claim, the devices its node publishes, and the devices other claims hold.

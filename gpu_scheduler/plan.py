@@ -21,6 +21,7 @@ from .fit import is_terminal, workload as workload_of
 from .framework.runtime import Framework
 from .framework.snapshot import GangSnapshot, NodeSnapshot
 from .plugins import gang as gangs
+from .plugins.defaultpreemption import DefaultPreemption, explained
 from .plugins.gang import GANG_ANNOTATION, GangError, gang_of, gang_size
 from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
@@ -479,6 +480,7 @@ class Scheduling:
     reason: str = ""
     message: str = ""
     retried_on: tuple[str, ...] = ()
+    preemption: str = ""  # refused on its node: who bind would preempt, or why nobody can be
 
     @property
     def placeable(self) -> bool:
@@ -486,9 +488,10 @@ class Scheduling:
 
 
 def scheduling(pod: Mapping[str, Any], framework: Framework,
-               snapshot_of: Callable[[str], NodeSnapshot]) -> Scheduling:
+               snapshot_of: Callable[[str], NodeSnapshot], pdbs: Iterable[Mapping[str, Any]] = ()) -> Scheduling:
     """What bind's next attempt would decide for `pod`: PreFilter and Filter of its profile, on
-    the snapshot of the pod's node that `snapshot_of` reads."""
+    the snapshot of the pod's node that `snapshot_of` reads; refused there, its PostFilter's
+    choice of victims (`pdbs`: the PodDisruptionBudgets that may protect them)."""
     decision = bind_decision(pod)
     if isinstance(decision, Ignore):  # bind's own words quote schedulerName as Python would
         return Scheduling("nothing", spec(pod).get("nodeName") or "", "", "Ignored", not_ours(pod) or decision.why)
@@ -496,8 +499,15 @@ def scheduling(pod: Mapping[str, Any], framework: Framework,
     node = verdict.node.name if verdict.node else ""
     if verdict.status.ok:
         return Scheduling("bind", node, "", "Bind", f"bind to {node}")
-    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, verdict.status.message,
-                      tuple(retried_on(verdict.status.plugin)))
+    preemption, message = "", verdict.status.message
+    if verdict.node is not None and verdict.status.refused:
+        for plugin in framework.profile.post_filter:
+            if isinstance(plugin, DefaultPreemption):
+                preemption, said = explained(pod, verdict.node, verdict.status, verdict.state, plugin.filters,
+                                             tuple(pdbs))
+                message = f"{message}; preemption: {said}" if said else message  # as bind's Event words it
+    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, message,
+                      tuple(retried_on(verdict.status.plugin)), preemption)
 
 
 RETRIED_ANYWAY = f"and within {UNSCHEDULABLE_FLUSH_SECONDS:g} s in any case"

@@ -40,6 +40,13 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 RECORD_SELECTOR = f"{MANAGED_BY}=gpu-scheduler"
 NODE_KEY, DEVICE_KEY = "gpu-scheduler/node", "gpu-scheduler/device"
 HOLDERS_KEY, POD_KEY, POD_UID_KEY = "gpu-scheduler/holders", "gpu-scheduler/last-pod", "gpu-scheduler/last-pod-uid"
+# Preemption's claim on a device (plugins/defaultpreemption.py): the preemptor named on the record
+# of each device its victims free, written at the record's version before any eviction, so that
+# one preemptor, and one bind instance, wins each device. Until the nomination ends (its time, or
+# its pod seen gone), the device goes to that pod alone, or to a pod of higher priority.
+NOMINATED_KEY, NOMINATED_UID_KEY = "gpu-scheduler/nominated", "gpu-scheduler/nominated-uid"
+NOMINATED_PRIORITY_KEY, NOMINATED_UNTIL_KEY = "gpu-scheduler/nominated-priority", "gpu-scheduler/nominated-until"
+NOMINATED_HOLDER_KEY = "gpu-scheduler/nominated-holder"  # the preemptor's workload: its siblings share the device
 _NAME_SAFE = re.compile(r"^[0-9]{1,4}$")
 
 
@@ -87,6 +94,11 @@ class Record:
     resource_version: str
     last_pod: str = ""
     last_uid: str = ""
+    nominee: str = ""  # namespace/name of the preemptor the device is being freed for
+    nominee_uid: str = ""
+    nominee_priority: int = 0
+    nominated_until: float = 0.0
+    nominee_holder: str = ""  # the preemptor's workload key
 
     @classmethod
     def of(cls, lease: Mapping[str, Any]) -> "Record | None":
@@ -103,10 +115,16 @@ class Record:
                 and all(isinstance(h, str) for h in holders)):
             return None
         spec = _map(lease.get("spec"))
+        try:
+            nominee_priority = int(annotations.get(NOMINATED_PRIORITY_KEY) or 0)
+        except ValueError:
+            nominee_priority = 0
         return cls(str(meta.get("name") or ""), node, device, tuple(holders),
                    annotations.get(SHARE_ANNOTATION) == "true", _parse_time(spec.get("renewTime")),
                    str(meta.get("resourceVersion") or ""), str(annotations.get(POD_KEY) or ""),
-                   str(annotations.get(POD_UID_KEY) or ""))
+                   str(annotations.get(POD_UID_KEY) or ""), str(annotations.get(NOMINATED_KEY) or ""),
+                   str(annotations.get(NOMINATED_UID_KEY) or ""), nominee_priority,
+                   _parse_time(annotations.get(NOMINATED_UNTIL_KEY)), str(annotations.get(NOMINATED_HOLDER_KEY) or ""))
 
 
 def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod: str, pod_uid: str, now: float,
@@ -127,6 +145,37 @@ def lease_for(node: str, device: str, holders: Iterable[str], shares: bool, pod:
                      "acquireTime": _time(now), "renewTime": _time(now)}}
 
 
+def nominated_lease(record: Record | None, node: str, device: str, pod: str, pod_uid: str, priority: int,
+                    until: float, holder: str = "") -> dict[str, Any]:
+    """`record` as it is, plus the nomination of `pod` until `until`: an update at its version (its
+    holders, last pod and time unchanged, so nothing else about the device changes). Without a
+    record (a holder bound before records were kept), a new one naming no holder."""
+    if record is None:
+        body = lease_for(node, device, (), False, "", "", 0.0)
+    else:
+        body = lease_for(node, device, record.holders, record.shares, record.last_pod, record.last_uid,
+                         record.written, record)
+    body["metadata"]["annotations"].update({NOMINATED_KEY: pod, NOMINATED_UID_KEY: pod_uid, NOMINATED_HOLDER_KEY: holder,
+                                            NOMINATED_PRIORITY_KEY: str(priority), NOMINATED_UNTIL_KEY: _time(until)})
+    return body
+
+
+def without_nomination(lease: Mapping[str, Any]) -> dict[str, Any]:
+    """`lease` (as written, with its resourceVersion) with its nomination taken off."""
+    meta = dict(_map(lease.get("metadata")))
+    meta["annotations"] = {k: v for k, v in _map(meta.get("annotations")).items()
+                           if k not in (NOMINATED_KEY, NOMINATED_UID_KEY, NOMINATED_PRIORITY_KEY, NOMINATED_UNTIL_KEY,
+                                        NOMINATED_HOLDER_KEY)}
+    return {**lease, "metadata": meta}
+
+
+def nomination(record: Record | None, now: float, gone: Container[str] = frozenset()) -> str:
+    """The UID of the pod the device is being freed for, while that nomination lasts; else ''."""
+    if record is None or not record.nominee_uid or now >= record.nominated_until or record.nominee_uid in gone:
+        return ""
+    return record.nominee_uid
+
+
 def live_holder(record: Record, pods_on_node: Iterable[PodInfo]) -> PodInfo | None:
     """A non-terminal pod on the node of a holder workload that holds the device, if any."""
     for pod in pods_on_node:
@@ -142,5 +191,6 @@ def in_grace(record: Record, now: float, gone: Container[str] = frozenset()) -> 
 
 
 def is_free(record: Record, pods_on_node: Iterable[PodInfo], now: float, gone: Container[str] = frozenset()) -> bool:
-    """No holder pod on the node and past its grace: the record can be deleted."""
-    return not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None
+    """No holder pod on the node, past its grace and nominated for nobody: the record can be deleted."""
+    return not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None \
+        and not nomination(record, now, gone)

@@ -79,6 +79,9 @@ CALLS = {
     "create_resource_claim": ("resource.k8s.io", "resourceclaims", "create"),
     "update_resource_claim": ("resource.k8s.io", "resourceclaims", "update"),
     "update_resource_claim_status": ("resource.k8s.io", "resourceclaims/status", "update"),
+    "evict": ("", "pods/eviction", "create"),
+    "list_pdbs": ("policy", "poddisruptionbudgets", "list"),
+    "watch_pdbs": ("policy", "poddisruptionbudgets", "watch"),
 }
 
 
@@ -274,6 +277,20 @@ class Kube:
 
     def patch_pod_status(self, namespace: str, name: str, patch: dict) -> dict:
         return self._call("PATCH", self._pod(namespace, name) + "/status", patch, STRATEGIC_PATCH)
+
+    def evict(self, namespace: str, name: str, uid: str) -> dict:
+        """The Eviction API (policy/v1): the pod deleted with its own grace period unless a
+        PodDisruptionBudget forbids it now (429); only the pod of that UID (409 otherwise)."""
+        return self._call("POST", self._pod(namespace, name) + "/eviction",
+                          {"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": name, "namespace": namespace},
+                           "deleteOptions": {"preconditions": {"uid": uid}}})
+
+    def list_pdbs(self) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/apis/policy/v1/poddisruptionbudgets")
+
+    def watch_pdbs(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/apis/policy/v1/poddisruptionbudgets", resource_version, seconds)
 
     def read_node(self, name: str) -> dict:
         return self._call("GET", f"/api/v1/nodes/{quote(name)}")

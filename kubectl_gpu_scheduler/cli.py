@@ -242,9 +242,10 @@ def framework(args) -> Framework:
     return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))))
 
 
-def scheduling(cluster, args, pod: dict[str, Any]) -> core.Scheduling:
+def scheduling(cluster, args, pod: dict[str, Any], pdbs=()) -> core.Scheduling:
     """What bind's next attempt decides for `pod`: its framework, on the pod's node as read now."""
-    return core.scheduling(pod, framework(args), lambda node: cluster.snapshot(node, pod, args.scheduler_namespace))
+    return core.scheduling(pod, framework(args), lambda node: cluster.snapshot(node, pod, args.scheduler_namespace),
+                           pdbs)
 
 
 def gang_scheduling(cluster, args, gang: GangSnapshot, nodes=None) -> core.Gang:
@@ -388,7 +389,7 @@ def run_explain(args) -> dict[str, Any]:
     answer["env"] = env
     answer["podScheduled"] = core.pod_scheduled(pod)
     answer["events"] = [_event(e) for e in core.scheduler_events(cluster.events(pod))]
-    decided = scheduling(cluster, args, pod)
+    decided = scheduling(cluster, args, pod, cluster.pdbs())
     gang = _live_gang(cluster, args, pod)
     if gang is not None:
         answer["gang"] = output.gang_dict(gang)
@@ -396,7 +397,8 @@ def run_explain(args) -> dict[str, Any]:
             decided = gang.verdict
     answer["scheduling"] = {"action": decided.action, "node": decided.node or None, "plugin": decided.plugin or None,
                             "reason": decided.reason, "message": decided.message,
-                            "retriedOn": list(decided.retried_on)}
+                            "retriedOn": list(decided.retried_on),
+                            **({"preemption": decided.preemption} if decided.preemption else {})}
     answer["placeable"] = decided.placeable
     if uses_dra(pod):
         answer["claim"] = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)

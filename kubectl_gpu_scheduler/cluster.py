@@ -71,6 +71,16 @@ class Cluster:
         return self.api.list_events(meta.get("namespace", ""), f"involvedObject.uid={meta.get('uid', '')}")
 
     # -- DRA mode ----------------------------------------------------------------------------------
+    def pdbs(self) -> list[dict]:
+        """The cluster's PodDisruptionBudgets, as preemption weighs them; none when the user may not
+        list them (explain's preemption line then counts no budget, where bind does)."""
+        try:
+            return [pdb for items, _ in self.api.list_pdbs() for pdb in items]
+        except APIError as error:
+            if error.status in (403, 404):
+                return []
+            raise
+
     def resource_slices(self) -> list[dict]:
         """Every ResourceSlice (what each node publishes), read once."""
         if self._slices is None:

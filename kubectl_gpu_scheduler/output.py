@@ -211,6 +211,8 @@ def explain_table(answer: dict[str, Any]) -> str:
         lines.append(f"Scheduling:     waits in bind's queue, refused by {decided['plugin']}: {decided['message']}")
         on = ", ".join([*decided["retriedOn"], "a change of the pod"])
         lines.append(f"                tried again on {on}, {RETRIED_ANYWAY}")
+        if decided.get("preemption"):
+            lines.append(f"Preemption:     {decided['preemption']}")
     else:
         lines.append(f"Scheduling:     {decided['action']}: {decided['message']}")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,14 @@ node, and the kubelet prepares it (CDI) before the container starts. The seed gi
 holds node4's GPU 3 runs first; the seed then applied with `gpu-scheduler/gang: "true"` stays
 wholly unbound, each member with bind's FailedScheduling Event naming the holder, until the holder
 is deleted; then all five are placed and Running. The demo fails (exit 1) if a member of the gang
-is bound while the holder is there."""
+is bound while the holder is there.
+
+`make demo PREEMPT=1` (--preempt): priority and preemption. The same holder, of a low-priority
+class, runs first; the seed is applied with a high-priority class. bind evicts the holder through
+the Eviction API (DisruptionTarget PreemptionByScheduler, a `Preempted` Event naming the
+preemptor), the holder's containers stop, and all five replicas are placed and Running; the holder's
+replacement, of lower priority, waits. The demo fails (exit 1) if the holder is not evicted, or if
+its replacement takes the GPU back."""
 from __future__ import annotations
 
 import argparse
@@ -33,12 +40,18 @@ GANG = {"gpu-scheduler/gang": "true"}
 HOLDER = "gpu-holder"  # --gang: the workload that holds node4's GPU 3 first
 HOLDER_MAP = "0=node4:3\n"
 SEED_NAME = "gpu-scheduler-check"
+# --preempt: the holder's class and the seed's
+LOW_CLASS, HIGH_CLASS = "gpu-scheduler-demo-low", "gpu-scheduler-demo-high"
+PRIORITY_CLASSES = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                     "value": value, "description": "make demo PREEMPT=1"}
+                    for name, value in ((LOW_CLASS, 100), (HIGH_CLASS, 100000))]
+HOLDER_GRACE_SECONDS = 5  # the holder's containers are given this long to stop once evicted
 
 
-def seed(dra: bool, gang: bool = False) -> str:
+def seed(dra: bool, gang: bool = False, priority_class: str = "") -> str:
     """The seed as applied: unchanged, or in DRA mode (two annotations, index 4 on device 2), or
-    as a gang (one annotation)."""
-    if not dra and not gang:
+    as a gang (one annotation), or of a PriorityClass."""
+    if not dra and not gang and not priority_class:
         return SEED.read_text()
     manifest = yaml.safe_load(SEED.read_text())
     annotations = manifest["spec"]["template"]["metadata"]["annotations"]
@@ -47,17 +60,23 @@ def seed(dra: bool, gang: bool = False) -> str:
         annotations["gpu-scheduling-map"] = annotations["gpu-scheduling-map"].replace(*DRA_INDEX_4)
     if gang:
         annotations.update(GANG)
+    if priority_class:
+        manifest["spec"]["template"]["spec"]["priorityClassName"] = priority_class
     return json.dumps(manifest)
 
 
-def holder() -> dict:
+def holder(priority_class: str = "") -> dict:
     """The seed's StatefulSet renamed gpu-holder, one replica, map 0=node4:3: another workload,
-    placed by bind, that holds node4's GPU 3."""
+    placed by bind, that holds node4's GPU 3 (of `priority_class`, stopping within
+    HOLDER_GRACE_SECONDS, when given)."""
     manifest = yaml.safe_load(SEED.read_text())
     manifest["metadata"] = {"name": HOLDER, "namespace": "default", "labels": {"app": HOLDER}}
     spec = manifest["spec"]
     spec.update(replicas=1, serviceName=HOLDER, selector={"matchLabels": {"app": HOLDER}})
     spec["template"]["metadata"] = {"labels": {"app": HOLDER}, "annotations": {"gpu-scheduling-map": HOLDER_MAP}}
+    if priority_class:
+        spec["template"]["spec"].update(priorityClassName=priority_class,
+                                        terminationGracePeriodSeconds=HOLDER_GRACE_SECONDS)
     return manifest
 
 
@@ -147,6 +166,60 @@ def blocked_gang(stack: LocalStack) -> str | None:
     return None
 
 
+def preempted(stack: LocalStack) -> str | None:
+    """--preempt up to the holder's eviction: the holder Running at low priority, the seed applied
+    at high priority, the holder evicted by bind with its condition and Event. None, or what failed."""
+    step(f"PriorityClasses {LOW_CLASS} (100) and {HIGH_CLASS} (100000); StatefulSet {HOLDER} of {LOW_CLASS},"
+         f" one replica, map {HOLDER_MAP.strip()}")
+    for priority_class in PRIORITY_CLASSES:
+        print(stack.apply(priority_class), end="")
+    print(stack.apply(holder(LOW_CLASS)), end="")
+
+    def holder_running():
+        pods = [p for p in stack.pods("default", f"app={HOLDER}") if p["status"].get("phase") == "Running"]
+        return pods[0] if pods else None
+    held = stack.wait_for(holder_running, 120, f"{HOLDER}-0 Running")
+    name, uid = held["metadata"]["name"], held["metadata"]["uid"]
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", f"app={HOLDER}").stdout, end="")
+    step(f"kubectl apply -f {SEED.relative_to(REPO)} of {HIGH_CLASS}   (index 3 and 4 want node4's GPU 3, which"
+         f" {name} holds)")
+    print(stack.apply(seed(False, priority_class=HIGH_CLASS)), end="")
+
+    def evicted():
+        pod = json.loads(stack.cp.get(f"/api/v1/namespaces/default/pods/{name}")) \
+            if any(p["metadata"]["uid"] == uid for p in stack.pods("default", f"app={HOLDER}")) else None
+        query = f"fieldSelector=reason%3DPreempted,involvedObject.uid%3D{uid}"
+        events = json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]
+        if not events:
+            return None
+        condition = next((c for c in ((pod or {}).get("status") or {}).get("conditions") or []
+                          if c["type"] == "DisruptionTarget"), None)
+        return events[0], condition, pod
+    try:
+        event, condition, pod = stack.wait_for(evicted, 60, f"{name} preempted")
+    except TimeoutError as failed:
+        print(stack.cp.kubectl("get", "pod", "-o", "wide").stdout, end="")
+        return f"{failed}: bind did not preempt {name}"
+    step(f"{name} preempted by bind (its Event; its condition while it terminates)")
+    print(f"    Event {event['reason']}: {event['message']}")
+    if condition is not None:
+        print(f"    condition DisruptionTarget={condition['status']} reason {condition['reason']}: {condition['message']}")
+    if pod is not None:
+        print(f"    deletionTimestamp {pod['metadata'].get('deletionTimestamp')}, grace {HOLDER_GRACE_SECONDS}s")
+    if condition is not None and condition["reason"] != "PreemptionByScheduler":
+        return f"{name}'s DisruptionTarget reason is {condition['reason']}, not PreemptionByScheduler"
+    return None
+
+
+def holder_waits(stack: LocalStack) -> str | None:
+    """After the seed is Running: the holder's replacement, of lower priority, has not taken GPU 3 back."""
+    step(f"kubectl get pod -l app={HOLDER}   (its replacement, of lower priority, waits: GPU 3 is the seed's)")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", f"app={HOLDER}").stdout, end="")
+    bound = [p for p in stack.pods("default", f"app={HOLDER}") if p["spec"].get("nodeName")
+             and not p["metadata"].get("deletionTimestamp")]
+    return f"{HOLDER}'s replacement was bound to {bound[0]['spec']['nodeName']}" if bound else None
+
+
 def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str, float]) -> None:
     """The five replicas Running: where, each container's log line, (DRA) the claims, and the
     Events of one pod. since: (what, when) the time to Running is counted from."""
@@ -176,6 +249,8 @@ def main(argv=None) -> int:
     mode.add_argument("--dra", action="store_true", help="the seed in DRA mode, through the DRA test driver")
     mode.add_argument("--gang", action="store_true",
                       help="the seed as a gang: blocked whole by a workload holding node4's GPU 3, then placed whole")
+    mode.add_argument("--preempt", action="store_true",
+                      help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
     args = parser.parse_args(argv)
     failure = None
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
@@ -198,16 +273,21 @@ def main(argv=None) -> int:
             print(stack.cp.kubectl("get", "resourceslices", "-o", "custom-columns=SLICE:.metadata.name,"
                                    "NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name").stdout,
                   end="")
-        elif not args.gang:
+        elif not args.gang and not args.preempt:
             step(f"kubectl apply -f {SEED.relative_to(REPO)}   (5 replicas, the seed map; unchanged)")
         if args.gang:
             failure = blocked_gang(stack)
             since = ("the holder's deletion", time.monotonic())
+        elif args.preempt:
+            since = ("the apply", time.monotonic())
+            failure = preempted(stack)
         else:
             since = ("the apply", time.monotonic())
             print(stack.apply(seed(args.dra)), end="")
         if not failure:
-            shown_running(stack, args.dra, f"{SEED_NAME}-3" if args.gang else f"{SEED_NAME}-4", since)
+            shown_running(stack, args.dra, f"{SEED_NAME}-3" if args.gang or args.preempt else f"{SEED_NAME}-4", since)
+        if not failure and args.preempt:
+            failure = holder_waits(stack)
         step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
         nodes = stack.nodes
         processes = list(stack.cp.processes.values())

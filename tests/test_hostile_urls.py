@@ -52,6 +52,9 @@ RESOURCE = {
     "update_resource_claim": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name],
     "update_resource_claim_status": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims",
                                                       name, "status"],
+    "evict": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name, "eviction"],
+    "list_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
+    "watch_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
 }
 
 
@@ -91,7 +94,7 @@ def test_every_call_is_covered():
 
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
-                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "dry_run": True, "resource_version": "1", "seconds": 1, "limit": 1}
+                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "dry_run": True, "resource_version": "1", "seconds": 1, "limit": 1, "uid": "u"}
     parameters = inspect.signature(getattr(client, method)).parameters
     answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
     if inspect.isgenerator(answer):  # a watch: its request is made when it is read

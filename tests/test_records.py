@@ -156,7 +156,8 @@ def test_every_plugin_of_the_profile_is_named_and_registers_its_events():
     assert all(p.name for p in plugins) and {p.name for p in plugins} <= set(EVENTS_TO_REGISTER)
     # every refusing plugin but the map's registers at least one event; the map's only the pod can
     # undo, and a gang waits on its members' plugins' events, or for a new member (an attempt itself)
-    assert all(p.events for p in plugins if p.name not in (MAP, "DefaultBinder", "Gang"))
+    # preemption refuses nothing itself: the refusal it follows keeps its plugin, and its events
+    assert all(p.events for p in plugins if p.name not in (MAP, "DefaultBinder", "Gang", "DefaultPreemption"))
 
 
 def test_backoff_doubles_to_its_bound():

@@ -5,9 +5,11 @@ API failure is kubeapi.errors.APIError; a read of something absent returns None.
 from __future__ import annotations
 
 import dataclasses
+import time
 from concurrent.futures import Executor
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from gpu_scheduler.events import PodRef
 from gpu_scheduler.fit import PodInfo
 from gpu_scheduler.framework.interface import Status
 from gpu_scheduler.framework.snapshot import NodeSnapshot
@@ -15,6 +17,7 @@ from gpu_scheduler.plugins.dynamicresources import claim_key
 from gpu_scheduler.records import Record, record_name
 from kubeapi.client import Kube
 from kubeapi.errors import APIError
+from metrics import PREEMPTION_VICTIMS
 from views import Views
 
 
@@ -23,8 +26,8 @@ class AttemptHandle:
     Bindings concurrently; without it they run in turn."""
 
     def __init__(self, api: Kube, views: Views, namespace: str, pods: Iterable[Mapping[str, Any]],
-                 pool: Executor | None = None):
-        self.api, self.views, self.namespace, self._pool = api, views, namespace, pool
+                 pool: Executor | None = None, recorder: Any = None):
+        self.api, self.views, self.namespace, self._pool, self.recorder = api, views, namespace, pool, recorder
         self._claims = tuple(claim_key(pod) for pod in pods)
 
     def each(self, calls: Sequence[Callable[[], Status]]) -> list[Status]:
@@ -52,6 +55,38 @@ class AttemptHandle:
 
     def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         self.api.bind(namespace, name, dict(body))
+
+    # -- preemption (gpu_scheduler/plugins/defaultpreemption.py) ---------------------------------
+    def pdbs(self, node: NodeSnapshot) -> Sequence[Mapping[str, Any]]:
+        return self.views.pdbs(node.name)
+
+    def members_of(self, workload: tuple[str, ...]) -> Sequence[tuple[str, PodInfo]]:
+        return self.views.members_of(workload)
+
+    def nominate(self, pod: Mapping[str, Any], node: str) -> None:
+        meta = pod.get("metadata") or {}
+        self.api.patch_pod_status(str(meta.get("namespace")), str(meta.get("name")),
+                                  {"status": {"nominatedNodeName": node}})
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        self.api.evict(namespace, name, uid)
+        PREEMPTION_VICTIMS.inc()
+
+    def mark_preempted(self, namespace: str, name: str, uid: str, reason: str, condition_message: str,
+                       event_message: str) -> None:
+        """Written now, in this thread, after the eviction returned: the Eviction API's own
+        DisruptionTarget (EvictionByEvictionAPI) is in place by then, and this replaces it. A
+        victim deleted meanwhile (no grace period) has no condition to carry."""
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": condition_message,
+                     "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        try:
+            # metadata.uid: a precondition, never the condition of a pod re-created under the name
+            self.api.patch_pod_status(namespace, name, {"metadata": {"uid": uid}, "status": {"conditions": [condition]}})
+        except APIError as error:
+            if not error.not_found:
+                raise
+        if self.recorder is not None:
+            self.recorder.event(PodRef(namespace, name, uid), "Normal", "Preempted", event_message, "Preempting")
 
     # -- device records ----------------------------------------------------------------------
     def read_record(self, node: str, device: str) -> Record | None:

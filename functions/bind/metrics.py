@@ -18,3 +18,9 @@ PENDING_PODS = prom.Gauge("gpu_scheduler_pending_pods",
 # the device. Every instance reports the same records: aggregate with max by (node, device).
 GPUS_HELD = prom.Gauge("gpu_scheduler_gpus_held", "Devices held by a workload, from the device records",
                        ["node", "device"])
+# Preemption (gpu_scheduler/plugins/defaultpreemption.py): each PostFilter run by what it came to
+# (Preempted, None: nobody can be, Waiting: victims terminating, Lost: another preemptor or instance
+# claimed first, Error), and each pod evicted.
+PREEMPTION_ATTEMPTS = prom.Counter("gpu_scheduler_preemption_attempts_total",
+                                   "Preemption attempts by result: Preempted, None, Waiting, Lost, Error", ["result"])
+PREEMPTION_VICTIMS = prom.Counter("gpu_scheduler_preemption_victims_total", "Pods evicted by preemption")

@@ -39,7 +39,7 @@ from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 from config import BindConfig, ConfigError
 from handle import AttemptHandle
-from metrics import ATTEMPT_DURATION, SCHEDULE_ATTEMPTS
+from metrics import ATTEMPT_DURATION, PREEMPTION_ATTEMPTS, SCHEDULE_ATTEMPTS
 from recorder import Recorder
 from schedqueue import SchedulingQueue
 from views import Views
@@ -341,7 +341,10 @@ class Placer:
         # A malformed gang annotation is no gang here: the Gang plugin's PreFilter refuses it, with the fix.
         if gangs.gang_size_or_none(pod) is not None:
             return self._place_gang(pod, ref, started)
-        outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, (pod,)))
+        outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, (pod,),
+                                                                 recorder=self.recorder))
+        if outcome.preemption:
+            PREEMPTION_ATTEMPTS.labels(outcome.preemption).inc()
         return self._attempt_of(ref, outcome, decision, started, again)
 
     def _attempt_of(self, ref: PodRef, outcome: Outcome, decision, started: float, again: bool) -> Attempt:
@@ -374,7 +377,9 @@ class Placer:
             gang = self.views.gang(pod)
             outcome = self.framework.schedule_gang(gang, self._handle_type(
                 self.api, self.views, self.namespace, gang.pending, None if self.config.exit_after_bindings else
-                self._binding_pool))
+                self._binding_pool, recorder=self.recorder))
+        if outcome.preemption:
+            PREEMPTION_ATTEMPTS.labels(outcome.preemption).inc()
         attempt = Attempt({"result": RETRY, "message": "not among its gang's members"}, retry=True)
         for member, member_outcome in outcome.members:
             member_ref = PodRef.of(member)

@@ -123,7 +123,10 @@ class Views:
             Informer("records", lambda: api.list_leases(namespace, RECORD_SELECTOR),
                      lambda version, seconds: api.watch_leases(namespace, RECORD_SELECTOR, version, seconds),
                      self._replace_records, self._apply_record),
+            # Preemption evicts no pod a PodDisruptionBudget protects now (plugins/defaultpreemption.py).
+            Informer("poddisruptionbudgets", api.list_pdbs, api.watch_pdbs, self._replace_pdbs, self._apply_pdb),
         ]
+        self._pdbs: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> name -> budget
         # node -> slice name -> spec: a placement reads its node's slices only. Slices published for
         # no single node (spec.nodeName unset) are not kept: DRA mode matches a node's own.
         self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
@@ -166,11 +169,41 @@ class Views:
             return NodeSnapshot(
                 name=node, node=self._nodes.get(node), info=self._node_info(node),
                 records=MappingProxyType(records), gone=frozenset(uid for r in records.values()
-                                                                  for uid in self._gone_of(r)),
+                                                                  for uid in self._gone_of(r)) |
+                frozenset(r.nominee_uid for r in records.values() if r.nominee_uid in self.gone),  # a preemptor deleted
                 now=time.time(), slices=slices, held=MappingProxyType(held),
                 claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
                 dra=self._dra_support(),
                 generation=self._generation.get(node, 0))
+
+    def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
+        """The PodDisruptionBudgets of the namespaces that pods on `node` are in."""
+        with self._lock:
+            namespaces = {info.name.split("/", 1)[0] for info in self._pods_on.get(node, {}).values()}
+            return tuple(pdb for namespace in namespaces for pdb in self._pdbs.get(namespace, {}).values())
+
+    def members_of(self, key: tuple[str, ...]) -> tuple[tuple[str, PodInfo], ...]:
+        """(node, pod) of each bound pod of the workload `key` (a gang's members, for preemption)."""
+        with self._lock:
+            return tuple((self._node_of[uid], self._pods_on[self._node_of[uid]][uid])
+                         for uid in self._assigned_of.get(key, {}) if uid in self._node_of)
+
+    def _replace_pdbs(self, pages: Iterable[list[dict]]) -> None:
+        pdbs: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for items in pages:
+            for pdb in items:
+                namespace, name = _name(pdb)
+                pdbs.setdefault(namespace, {})[name] = _trim(pdb)
+        with self._lock:
+            self._pdbs = pdbs
+
+    def _apply_pdb(self, kind: str, pdb: Mapping[str, Any]) -> None:
+        namespace, name = _name(pdb)
+        with self._lock:
+            if kind == "DELETED":
+                self._pdbs.get(namespace, {}).pop(name, None)
+            else:
+                self._pdbs.setdefault(namespace, {})[name] = _trim(pdb)
 
     def pending_pod(self, uid: str) -> PendingPod | None:
         with self._lock:

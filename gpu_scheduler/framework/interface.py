@@ -101,6 +101,12 @@ class CycleState:
     def read(self, key: str, default: Any = None) -> Any:
         return self._data.get(key, default)
 
+    def clone(self) -> "CycleState":
+        """A copy to run the filters again on (preemption's trials), leaving this one as it is."""
+        copy = CycleState()
+        copy._data = dict(self._data)
+        return copy
+
 
 class Plugin:
     name: ClassVar[str] = ""
@@ -167,3 +173,13 @@ class Cluster(Protocol):
     def create_claim(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
     def update_claim(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
     def update_claim_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    # Preemption (plugins/defaultpreemption.py)
+    def pdbs(self, node: NodeSnapshot) -> Sequence[Mapping[str, Any]]:
+        """The PodDisruptionBudgets of the namespaces of the node's pods."""
+    def members_of(self, workload: tuple[str, ...]) -> Sequence[tuple[str, Any]]:
+        """(node, fit.PodInfo) of each bound pod of the workload (a gang's members)."""
+    def nominate(self, pod: Pod, node: str) -> None: ...
+    def evict(self, namespace: str, name: str, uid: str) -> None: ...
+    def mark_preempted(self, namespace: str, name: str, uid: str, reason: str, condition_message: str,
+                       event_message: str) -> None:
+        """After its eviction: the victim's DisruptionTarget condition, then its Preempted Event."""

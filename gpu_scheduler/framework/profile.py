@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plugins.defaultbinder import DefaultBinder
+from ..plugins.defaultpreemption import DefaultPreemption
 from ..plugins.dynamicresources import DynamicResources
 from ..plugins.gang import Gang
 from ..plugins.gpusheld import GPUsHeld
@@ -28,7 +29,7 @@ from .interface import (
 # Every plugin class of the profile: their names and events are known without a configuration.
 PLUGINS: tuple[type[Plugin], ...] = (
     MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity, NodeAffinity, NodePorts,
-    NodeResourcesFit, GPUsHeld, DynamicResources, Gang, DefaultBinder,
+    NodeResourcesFit, GPUsHeld, DynamicResources, Gang, DefaultPreemption, DefaultBinder,
 )
 
 
@@ -51,12 +52,13 @@ class Profile:
 
 def default_profile(config: SchedulerConfig) -> Profile:
     node_exists, gpus_held, dynamic, gang = NodeExists(), GPUsHeld(), DynamicResources(config), Gang()
+    # NodeExists first: the filters after it read the node.
+    filters = (node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
+               NodePorts(), NodeResourcesFit(), gpus_held, dynamic)
     return Profile(
         pre_filter=(MapEntry(), gang, dynamic),
-        # NodeExists first: the filters after it read the node.
-        filter=(node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
-                NodePorts(), NodeResourcesFit(), gpus_held, dynamic),
-        post_filter=(),  # preemption comes here
+        filter=filters,
+        post_filter=(DefaultPreemption(filters),),  # runs the filters again with its victims gone
         reserve=(gpus_held, dynamic),  # Unreserve in reverse: the claim's allocation, then the records
         permit=(gang,),
         pre_bind=(dynamic,),

@@ -50,6 +50,7 @@ class Outcome:
     status: Status
     node: str
     phase: str
+    preemption: str = ""  # what PostFilter (preemption) came to: its reason ("Preempted", "None", ...); '' when not run
 
     @property
     def bound(self) -> bool:
@@ -91,6 +92,7 @@ class GangOutcome:
     status: Status
     members: tuple[tuple[Mapping[str, Any], Outcome], ...]
     waits_on: Outcome | None = None
+    preemption: str = ""  # what PostFilter came to for the gang, as Outcome.preemption
 
 
 class Framework:
@@ -154,10 +156,16 @@ class Framework:
         before the Bindings unreserves every member reserved, in reverse order, and forgets them."""
         decided = self.decide_gang(gang, cluster.snapshot)
         if not decided.status.ok:
-            # the queue's hint: the refused member's own plugin and node
-            waits_on = _outcome_of(decided.waits_on, decided.waits_on.decision.status) if decided.waits_on else None
-            return GangOutcome(decided.status, tuple((pod, Outcome(decided.status, _node_of(pod, decided), FILTER))
-                                                     for pod in gang.pending), waits_on)
+            status, preemption, blocked = self._post_filter_gang(decided, cluster)
+            # the queue's hint: the refused member's own plugin and node; after preemption, the
+            # member it could not help (its events are the ones that can change the answer)
+            waits_on_member = blocked or decided.waits_on
+            waits_on = _outcome_of(waits_on_member, waits_on_member.decision.status) if waits_on_member else None
+            if status.code is Code.ERROR:
+                return GangOutcome(status, tuple((pod, Outcome(status, _node_of(pod, decided), POST_FILTER))
+                                                 for pod in gang.pending), Outcome(status, "", POST_FILTER), preemption)
+            return GangOutcome(status, tuple((pod, Outcome(status, _node_of(pod, decided), FILTER))
+                                             for pod in gang.pending), waits_on, preemption)
         alone = tuple((m.pod, _outcome_of(m, m.decision.status)) for m in decided.members if not m.decision.status.ok)
         order = sorted(decided.placeable, key=lambda m: (m.decision.node.name, m.decision.entry.placement.devices))
         reserved: list[tuple[MemberDecision, list]] = []
@@ -248,12 +256,43 @@ class Framework:
         return status
 
     def _post_filter(self, pod, decision: Decision, cluster: Cluster) -> Outcome:
-        """The refusal stands; PostFilter plugins may act so that a later attempt succeeds."""
+        """The refusal stands; PostFilter plugins may act so that a later attempt succeeds. What
+        they did or why they could not is added to the refusal's message (kube-scheduler's
+        "preemption: ..."); the refusing plugin stays, so its events retry the pod. An API failure
+        of theirs is the attempt's ERROR: retried after the backoff."""
+        refusal = decision.status
         for plugin in self.profile.post_filter:
-            status = plugin.post_filter(decision.state, pod, decision.node, decision.status, cluster)
-            if status.code is Code.SUCCESS:
-                break
-        return Outcome(decision.status, decision.node.name, decision.phase)
+            status = plugin.post_filter(decision.state, pod, decision.node, refusal, cluster)
+            if status.code is Code.ERROR:
+                return Outcome(status, decision.node.name, POST_FILTER, "Error")
+            said = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}") \
+                if status.message else refusal
+            if status.code is Code.SUCCESS or plugin is self.profile.post_filter[-1]:
+                return Outcome(said, decision.node.name, decision.phase, status.reason)
+        return Outcome(refusal, decision.node.name, decision.phase)
+
+    def _post_filter_gang(self, decided: GangDecision, cluster: Cluster
+                          ) -> tuple[Status, str, MemberDecision | None]:
+        """A gang refused because members are refused on their nodes (all exist): preemption for
+        all of those members or none (plugins/defaultpreemption.py), its words added to the gang's;
+        with the member preemption could not help, if any."""
+        refusal = decided.status
+        refused = [m for m in decided.members if not m.decision.status.ok]
+        if not decided.members or not refused or refusal.code is Code.ERROR or \
+                any(m.decision.node is None or not m.decision.status.refused for m in refused):
+            return refusal, "", None
+        for plugin in self.profile.post_filter:
+            gang_preemption = getattr(plugin, "post_filter_gang", None)
+            if gang_preemption is None:
+                continue
+            status, blocked = gang_preemption([(m.decision.state, m.pod, m.decision.node, m.decision.status)
+                                               for m in refused], cluster)
+            if status.code is Code.ERROR:
+                return status, "Error", None
+            if status.message:
+                refusal = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}")
+            return refusal, status.reason, refused[blocked] if blocked is not None else None
+        return refusal, "", None
 
     def _bind_cycle(self, pod, state: CycleState, node: NodeSnapshot, cluster: Cluster) -> Outcome:
         reserved: list = []

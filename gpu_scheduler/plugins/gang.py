@@ -22,7 +22,7 @@ from ..podindex import IndexUnknown, pod_index
 from ..schedmap import MapError, parse_map, shown
 
 NAME = "Gang"
-GANG_ANNOTATION = "gpu-scheduler/gang"
+from ..fit import GANG_ANNOTATION  # noqa: F401 (defined in fit, which PodInfo reads it in)
 SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
 MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
 

@@ -23,8 +23,9 @@ from kubeapi.errors import APIError
 
 from ..framework.interface import SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, \
     unschedulable
+from ..fit import pod_priority
 from ..records import GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, in_grace, lease_for, live_holder, \
-    workload_key
+    nomination, workload_key
 from .mapentry import resolved
 
 NAME = "GPUsHeld"
@@ -64,13 +65,20 @@ def _clock(seconds: float) -> str:
 
 
 def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: Iterable[PodInfo], now: float,
-                gone: Container[str] = frozenset()):
+                gone: Container[str] = frozenset(), uid: str = "", priority: int = 0):
     """What giving (record.node, record.device) to workload `mine` takes: Create, Keep, Write, or
     Held with the reason. `pods_on_node`: the node's non-terminal pods as bind sees them; `gone`:
     the UIDs of pods bind saw deleted. Every message is stable while the situation lasts (times,
-    not ages), so a repeated refusal counts up one Event and explain words it as bind does."""
+    not ages), so a repeated refusal counts up one Event and explain words it as bind does. A
+    device being freed by preemption goes to its nominee (`uid`) and the pods of its workload alone,
+    or to a pod of higher `priority` than the nominee's."""
     if record is None:
         return Create()
+    nominee = nomination(record, now, gone)
+    # the nominee's siblings (one workload, one map) share its devices: they may take it as it would
+    if nominee and nominee != uid and mine != record.nominee_holder and priority <= record.nominee_priority:
+        return Held(f"GPU {record.device} on {record.node} is being freed for {record.nominee} (priority"
+                    f" {record.nominee_priority}), which preempted its holder, until {_clock(record.nominated_until)}")
     if mine in record.holders:
         return Keep() if now - record.written < RENEW_AFTER_SECONDS else Write(record, record.holders)
     if shares and record.shares:
@@ -79,6 +87,9 @@ def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: It
                         f" (at most {MAX_HOLDERS})")
         return Write(record, record.holders + (mine,))
     holder = live_holder(record, pods_on_node)
+    if holder is not None and nominee and nominee == uid:
+        return Held(f"GPU {record.device} on {record.node} is held by {holder.name}, which this pod preempted;"
+                    " it is placed once that pod is gone")
     if holder is not None:
         return Held(f"GPU {record.device} on {record.node} is held by {holder.name} ({record.holders[0]}; "
                     f'both workloads may set {SHARE_ANNOTATION}: "true" to share)')
@@ -114,10 +125,11 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
         if problem:
             return unschedulable(NAME, problem)
         mine, shares = workload_key(workload(pod)), shares_gpus(pod)
+        uid, priority = str((pod.get("metadata") or {}).get("uid") or ""), pod_priority(pod)
         steps = []
         for device in placement.devices:
             record = node.records.get(device)
-            step = record_step(record, mine, shares, node.info.pods, node.now, node.gone)
+            step = record_step(record, mine, shares, node.info.pods, node.now, node.gone, uid, priority)
             if isinstance(step, Held):
                 return unschedulable(NAME, step.message)
             steps.append((device, step))
@@ -155,7 +167,8 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
                 except APIError as failure:
                     return api_failure(NAME, f"reading the record of GPU {device} on {node.name}", failure)
                 now = cluster.snapshot(node.name)
-                step = record_step(record, mine, shares, now.info.without(uid).pods, now.now, now.gone)
+                step = record_step(record, mine, shares, now.info.without(uid).pods, now.now, now.gone, uid,
+                                   pod_priority(pod))
                 if isinstance(step, Held):
                     return unschedulable(NAME, step.message)
             else:

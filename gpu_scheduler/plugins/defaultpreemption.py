@@ -1,0 +1,428 @@
+"""DefaultPreemption (PostFilter): a pod refused on its map node because what it needs is taken
+(GPUsHeld, DynamicResources, NodeResourcesFit, NodePorts) takes it back from pods of lower
+priority, as kube-scheduler's DefaultPreemption does (pkg/scheduler/framework/plugins/
+defaultpreemption and framework/preemption), on the one node its map names.
+
+The choice is pure, on the attempt's immutable snapshot (`select_victims`; explain asks the same):
+- never when the pod's preemptionPolicy is Never;
+- only pods of lower spec.priority, never one of equal or higher priority; a gang member only with
+  its whole gang (plugins/gang.py), and only when every member has lower priority;
+- every such pod removed, the profile's filters must pass, or nothing is evicted; then each is
+  given back (reprieved), the most important first and the PodDisruptionBudget-violating ones
+  before the others, while the pod still fits: the fewest victims, of the lowest priorities;
+- a victim that a PodDisruptionBudget forbids to disrupt now means no preemption (the Eviction API
+  would refuse it, 429), rather than a partial one;
+- pods already terminating are not evicted again: the pod waits for them.
+
+Then `post_filter` does the I/O, in an order that evicts nothing twice:
+1. the claim: the preemptor is nominated on the device record of each device of its map entry, an
+   update at the record's version (a create where there is none). Another bind instance or another
+   preemptor that wrote first wins (409), and this attempt evicts nothing. A device nominated for
+   this pod already means its victims were evicted by an earlier attempt: nothing more to do;
+2. the preemptor's status.nominatedNodeName;
+3. each victim evicted through the Eviction API (its PodDisruptionBudgets hold; its grace period
+   is its own), then given the DisruptionTarget condition (reason PreemptionByScheduler) and a
+   `Preempted` Event naming the preemptor. The condition is written after the eviction has
+   returned: the Eviction API writes its own DisruptionTarget (EvictionByEvictionAPI) before it
+   deletes, so only this order leaves kube-scheduler's reason on the victim.
+The pod stays refused; its refusal's events (a pod leaving the node, a record freed, a claim
+deleted) retry it once the victims are gone, and the nomination keeps the device for it meanwhile.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from kubeapi.errors import APIError
+
+from . import dra
+from ..fit import NodeInfo, PodInfo, pod_priority, workload
+from ..framework.interface import (
+    SUCCESS, CycleState, FilterPlugin, PostFilterPlugin, Status, api_failure, error, unschedulable,
+)
+from ..framework.snapshot import NodeSnapshot
+from ..placement import metadata, spec
+from ..records import nominated_lease, nomination, without_nomination, workload_key
+from .mapentry import resolved
+
+NAME = "DefaultPreemption"
+# The refusals that evicting pods can undo; any other (no such node, a taint, the map) cannot.
+PREEMPTABLE = frozenset({"GPUsHeld", "DynamicResources", "NodeResourcesFit", "NodePorts"})
+REASON = "PreemptionByScheduler"  # the victim's DisruptionTarget condition, as kube-scheduler writes it
+PREEMPTED = "Preempted"  # the victim's Event
+# How long a nomination keeps the devices for its pod beyond its victims' longest grace period (30 s
+# by default): the watch's delay, with room. A pod still waiting after that competes again as any other.
+NOMINATION_SECONDS = 90
+
+# What select_victims found: Preemption (evict these), Waiting (victims are terminating already:
+# nothing to evict) or NoPreemption (why nobody can be preempted).
+
+
+@dataclass(frozen=True)
+class Victim:
+    """One pod to evict, and the node it is on (a gang member may be on another node)."""
+
+    info: PodInfo
+    node: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victims: tuple[Victim, ...]
+
+    def describe(self) -> str:
+        return ", ".join(f"{v.info.name} (priority {v.info.priority})" for v in self.victims)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    message: str
+
+
+@dataclass(frozen=True)
+class NoPreemption:
+    reason: str
+    # Nothing to say on the pod's Event: a refusal no eviction can undo (a missing node, the map),
+    # or a pod of the default priority (0) with no pod of lower priority in its way, the common
+    # cases, keep their refusal's message as it was.
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What is evicted together: one pod, or a gang's every bound member (`here`: those on this node)."""
+
+    here: tuple[PodInfo, ...]
+    elsewhere: tuple[Victim, ...]
+
+    @property
+    def priority(self) -> int:
+        return max(p.priority for p in self.here + tuple(v.info for v in self.elsewhere))
+
+    @property
+    def name(self) -> str:
+        return self.here[0].name
+
+    @property
+    def pods(self) -> tuple[PodInfo, ...]:
+        return self.here + tuple(v.info for v in self.elsewhere)
+
+
+MembersOf = Callable[[tuple[str, ...]], Sequence[tuple[str, PodInfo]]]  # a workload -> (node, pod) of each bound pod
+
+
+def preemption_policy_never(pod: Mapping[str, Any]) -> bool:
+    return spec(pod).get("preemptionPolicy") == "Never"
+
+
+def node_without(node: NodeSnapshot, removed: Iterable[PodInfo]) -> NodeSnapshot:
+    """The snapshot as it would be with `removed` gone: off the node, seen deleted (their records'
+    grace ends), and, in DRA mode, their claims' devices free."""
+    removed = tuple(removed)
+    uids = frozenset(p.uid for p in removed)
+    claims = {f"{p.name.split('/', 1)[0]}/{dra.claim_name(p.name.split('/', 1)[-1])}" for p in removed}
+    return NodeSnapshot(
+        name=node.name, node=node.node, info=NodeInfo.of(p for p in node.info.pods if p.uid not in uids),
+        records=node.records, gone=node.gone | uids, now=node.now, slices=node.slices,
+        held={device: claim for device, claim in node.held.items() if claim not in claims},
+        claims=node.claims, dra=node.dra, generation=node.generation)
+
+
+def _fits(filters: Sequence[FilterPlugin], state: CycleState, pod: Mapping[str, Any], node: NodeSnapshot) -> Status:
+    trial = state.clone()
+    for plugin in filters:
+        status = plugin.filter(trial, pod, node)
+        if not status.ok:
+            return status
+    return SUCCESS
+
+
+def _selects(selector: Any, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions) against labels. An empty or absent selector
+    selects nothing here, as for a PodDisruptionBudget (policy/v1: an empty selector matches no pod)."""
+    if not isinstance(selector, Mapping) or not (selector.get("matchLabels") or selector.get("matchExpressions")):
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        if not isinstance(expression, Mapping):
+            return False
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def _violations(units: Sequence[_Unit], pdbs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """kube-scheduler's filterPodsWithPDBViolation: going through `units` in order, each matching
+    budget's disruptionsAllowed counted down; unit name -> the budget it would take below zero."""
+    allowed: dict[int, int] = {}
+    violating: dict[str, str] = {}
+    for unit in units:
+        for pod in unit.pods:
+            namespace = pod.name.split("/", 1)[0]
+            labels = dict(pod.labels)
+            for i, pdb in enumerate(pdbs):
+                meta = metadata(pdb)
+                if meta.get("namespace") != namespace or not _selects((pdb.get("spec") or {}).get("selector"), labels):
+                    continue
+                status = pdb.get("status") or {}
+                if pod.name.split("/", 1)[-1] in (status.get("disruptedPods") or {}):
+                    continue  # already counted as disrupted by the budget
+                left = allowed.get(i, int(status.get("disruptionsAllowed") or 0)) - 1
+                allowed[i] = left
+                if left < 0 and unit.name not in violating:
+                    violating[unit.name] = (f"PodDisruptionBudget {namespace}/{meta.get('name')} allows"
+                                            f" {status.get('disruptionsAllowed') or 0} disruptions now")
+    return violating
+
+
+def _units(pod: Mapping[str, Any], node: NodeSnapshot, priority: int, members_of: MembersOf
+           ) -> tuple[list[_Unit], list[PodInfo]]:
+    """The node's pods that may be preempted, as units (a gang whole), and those of equal or higher
+    priority (or in a gang that has such a member), which may not."""
+    uid = str(metadata(pod).get("uid") or "")
+    units: list[_Unit] = []
+    kept: list[PodInfo] = []
+    seen_gangs: set[tuple[str, ...]] = set()
+    for info in node.info.pods:
+        if info.uid == uid or info.terminating:
+            continue
+        if info.priority >= priority:
+            kept.append(info)
+            continue
+        if not info.gang:
+            units.append(_Unit((info,), ()))
+            continue
+        if info.workload in seen_gangs:
+            continue
+        seen_gangs.add(info.workload)
+        members = [(where, member) for where, member in members_of(info.workload) if not member.terminating] \
+            or [(node.name, info)]
+        here = tuple(m for where, m in members if where == node.name)
+        elsewhere = tuple(Victim(m, where) for where, m in members if where != node.name)
+        unit = _Unit(here or (info,), elsewhere)
+        if unit.priority >= priority:
+            kept.extend(here)
+        else:
+            units.append(unit)
+    return units, kept
+
+
+def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
+                   filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
+                   members_of: MembersOf = lambda key: ()) -> Preemption | Waiting | NoPreemption:
+    """Who must go so that `pod` fits on `node`, decided on the snapshot alone (no I/O)."""
+    if refusal.plugin not in PREEMPTABLE:
+        # quiet: no pod's removal changes such a refusal, and its message is best left as it is
+        return NoPreemption(f"{refusal.plugin}'s refusal is not one that evicting pods can undo", quiet=True)
+    if preemption_policy_never(pod):
+        return NoPreemption("the pod's preemptionPolicy is Never")
+    priority = pod_priority(pod)
+    terminating = [p for p in node.info.pods if p.terminating]
+    units, kept = _units(pod, node, priority, members_of)
+    every = [p for unit in units for p in unit.here] + terminating
+    if every:
+        alone = _fits(filters, state, pod, node_without(node, every))
+        if not alone.ok:
+            return NoPreemption(f"even with every pod of lower priority than {priority} gone from {node.name}, the"
+                                f" pod would not fit: {alone.message}", quiet=priority == 0 and not units)
+    if terminating and _fits(filters, state, pod, node_without(node, terminating)).ok:
+        return Waiting(f"{', '.join(p.name for p in terminating)} terminating on {node.name}; the pod is placed"
+                       " once they are gone")
+    if not units:
+        if kept:
+            return NoPreemption(f"no pod on {node.name} has a priority lower than this pod's {priority}"
+                                f" ({', '.join(f'{p.name}: {p.priority}' for p in kept[:3])}"
+                                f"{', ...' if len(kept) > 3 else ''})", quiet=priority == 0)
+        return NoPreemption(f"no other pod on {node.name} to preempt", quiet=priority == 0)
+    # kube-scheduler's selectVictimsOnNode: the most important first (higher priority, then name),
+    # those a PodDisruptionBudget protects tried first for a reprieve.
+    units.sort(key=lambda u: (-u.priority, u.name))
+    violating = _violations(units, pdbs)
+    removed = {p.uid: p for p in every}
+    victims: list[_Unit] = []
+    for unit in [u for u in units if u.name in violating] + [u for u in units if u.name not in violating]:
+        for p in unit.here:
+            removed.pop(p.uid, None)
+        if _fits(filters, state, pod, node_without(node, removed.values())).ok:
+            continue  # reprieved
+        for p in unit.here:
+            removed[p.uid] = p
+        victims.append(unit)
+    blocked = [u for u in victims if u.name in violating]
+    if blocked:
+        return NoPreemption(f"evicting {blocked[0].name} would violate its {violating[blocked[0].name]}")
+    chosen = tuple(Victim(p, node.name) for unit in victims for p in unit.here) + \
+        tuple(v for unit in victims for v in unit.elsewhere)
+    return Preemption(chosen)
+
+
+def _release(written: Sequence[Mapping[str, Any]], cluster) -> None:
+    """The nominations this attempt wrote, taken back as written (a record written since is left:
+    its nomination ends with its time)."""
+    for lease in written:
+        try:
+            cluster.update_record(str(metadata(lease).get("name")), without_nomination(lease))
+        except APIError:
+            pass
+
+
+def explained(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
+              filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
+              members_of: MembersOf = lambda key: ()) -> tuple[str, str]:
+    """explain's `Preemption:` line (who bind would preempt for the pod now, or why nobody), and
+    what bind's refusal adds to its message for it (the same words as post_filter's where nothing
+    is evicted; '' where bind adds nothing: a pod of priority 0 with nothing of lower priority in
+    its way)."""
+    chosen = select_victims(pod, node, refusal, state, filters, pdbs, members_of)
+    if isinstance(chosen, Preemption):
+        line = f"would preempt {chosen.describe()} on {node.name}"
+        return line, line
+    if isinstance(chosen, Waiting):
+        return chosen.message, chosen.message
+    if chosen.quiet:
+        return "", ""
+    return f"nobody can be preempted: {chosen.reason}", f"nobody preempted: {chosen.reason}"
+
+
+def preempted_message(pod: Mapping[str, Any], node: str) -> str:
+    meta = metadata(pod)
+    return f"Preempted by {meta.get('namespace')}/{meta.get('name')} (priority {pod_priority(pod)}) on node {node}"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One preemptor's part: its victims, on its node, and the claim written for it."""
+
+    pod: Mapping[str, Any]
+    node: NodeSnapshot
+    state: CycleState
+    chosen: Preemption
+
+
+class DefaultPreemption(PostFilterPlugin):
+    name = NAME
+
+    def __init__(self, filters: Sequence[FilterPlugin]):
+        self.filters = tuple(filters)
+
+    def post_filter(self, state: CycleState, pod, node: NodeSnapshot, refusal: Status, cluster) -> Status:
+        chosen = select_victims(pod, node, refusal, state, self.filters, cluster.pdbs(node),
+                                cluster.members_of)
+        if isinstance(chosen, NoPreemption):
+            return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: {chosen.reason}", "None")
+        if isinstance(chosen, Waiting):
+            return unschedulable(NAME, chosen.message, "Waiting")
+        return self._preempt([_Plan(pod, node, state, chosen)], cluster)
+
+    def post_filter_gang(self, refused: Sequence[tuple[CycleState, Mapping[str, Any], NodeSnapshot, Status]],
+                         cluster) -> tuple[Status, int | None]:
+        """A gang's refused members (each with its decision's state, node and refusal): victims for
+        every one of them, each member's chosen on its node with the victims of the members before
+        it gone; if any member cannot be made placeable, nobody is evicted. With the status, the
+        index in `refused` of the member no preemption can help (the gang waits on its events)."""
+        plans: list[_Plan] = []
+        chosen_on: dict[str, list[PodInfo]] = {}
+        for index, (state, pod, node, refusal) in enumerate(refused):
+            trial = node_without(node, chosen_on.get(node.name, ()))
+            chosen = select_victims(pod, trial, refusal, state, self.filters, cluster.pdbs(node), cluster.members_of)
+            who = metadata(pod).get("name")
+            if isinstance(chosen, NoPreemption):
+                return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: member {who}: {chosen.reason}",
+                                     "None"), index
+            if isinstance(chosen, Preemption):
+                plans.append(_Plan(pod, node, state, chosen))
+                chosen_on.setdefault(node.name, []).extend(v.info for v in chosen.victims if v.node == node.name)
+        if not plans:
+            return unschedulable(NAME, "the gang's victims are terminating; it is placed once they are gone",
+                                 "Waiting"), None
+        return self._preempt(plans, cluster), None
+
+    def _preempt(self, plans: Sequence[_Plan], cluster) -> Status:
+        """The claims of every plan, then the nominations, then the evictions."""
+        already = [p for p in plans if _nominated_already(p)]
+        if len(already) == len(plans):
+            return unschedulable(NAME, f"{'; '.join(p.chosen.describe() for p in plans)} preempted for this pod"
+                                       " already; it is placed once they are gone", "Waiting")
+        written: list[Mapping[str, Any]] = []
+        longest = max((v.info.grace_seconds for p in plans for v in p.chosen.victims), default=0)
+        until = time.time() + longest + NOMINATION_SECONDS
+        for plan in plans:  # the claim: a write at the version decided from; the first writer wins
+            meta, node = metadata(plan.pod), plan.node
+            who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
+            for device in resolved(plan.state).placement.devices:
+                record = node.records.get(device)
+                try:
+                    body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until,
+                                           workload_key(workload(plan.pod)))
+                    written.append(cluster.create_record(body) if record is None else
+                                   cluster.update_record(record.name, body))
+                except APIError as failure:
+                    _release(written, cluster)
+                    if failure.conflict:
+                        return unschedulable(NAME, f"GPU {device} on {node.name} was claimed by another preemptor or"
+                                                   " bind instance first; nothing evicted", "Lost")
+                    return api_failure(NAME, f"nominating {who} on the record of GPU {device} on {node.name}",
+                                       failure)
+        for plan in plans:
+            try:
+                cluster.nominate(plan.pod, plan.node.name)
+            except APIError as failure:
+                _release(written, cluster)
+                return api_failure(NAME, f"setting status.nominatedNodeName to {plan.node.name}", failure)
+        evicted: list[str] = []
+        unmarked: list[str] = []
+        for plan in plans:
+            message = preempted_message(plan.pod, plan.node.name)
+            for victim in plan.chosen.victims:
+                if victim.info.name in evicted:
+                    continue
+                namespace, name = victim.info.name.split("/", 1)
+                try:
+                    cluster.evict(namespace, name, victim.info.uid)
+                except APIError as failure:
+                    if failure.not_found:
+                        continue  # gone already
+                    # Not now: the devices are released for whoever comes first, and the pod tries
+                    # again after its backoff (a PodDisruptionBudget's status the snapshot had not seen yet).
+                    _release(written, cluster)
+                    if failure.status == 429:
+                        return error(NAME, f"the Eviction API refused to evict {victim.info.name} now (429:"
+                                           f" {failure.message}); evicted {', '.join(evicted) or 'nobody'}")
+                    return api_failure(NAME, f"evicting {victim.info.name}", failure)
+                evicted.append(victim.info.name)
+                try:
+                    cluster.mark_preempted(namespace, name, victim.info.uid, REASON,
+                                           f"{spec(plan.pod).get('schedulerName')}: preempting to accommodate a"
+                                           " higher priority pod", message)
+                except APIError:
+                    unmarked.append(victim.info.name)  # evicted all the same: its condition is all that is missing
+        said = "; ".join(f"preempted {p.chosen.describe()} on {p.node.name}" for p in plans)
+        if unmarked:
+            said += f" (the DisruptionTarget condition of {', '.join(unmarked)} could not be written)"
+        return Status(SUCCESS.code, NAME, f"{said}; placed once they are gone", "Preempted")
+
+
+def _nominated_already(plan: _Plan) -> bool:
+    """Every device of the plan's pod is nominated for it, or for a pod of its workload (which
+    shares its devices): an earlier attempt, instance or sibling evicted the victims."""
+    uid, mine = str(metadata(plan.pod).get("uid") or ""), workload_key(workload(plan.pod))
+    devices = resolved(plan.state).placement.devices
+    node = plan.node
+
+    def ours(device: str) -> bool:
+        record = node.records.get(device)
+        nominee = nomination(record, node.now, node.gone)
+        return bool(nominee) and (nominee == uid or record.nominee_holder == mine)
+    return bool(devices) and all(ours(d) for d in devices)

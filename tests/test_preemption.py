@@ -1,0 +1,270 @@
+"""Preemption (gpu_scheduler/plugins/defaultpreemption.py): the victims chosen on a snapshot, as
+kube-scheduler's DefaultPreemption chooses them, and bind's I/O order around them (the claim on
+the records first, the Eviction API, then the victim's condition). Unit tests: the fake API here
+shows the calls' order and error paths only; tests/test_preemption_cluster.py shows it working on
+the real control plane."""
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+from gpu_scheduler.fit import NodeInfo, PodInfo
+from gpu_scheduler.framework.interface import CycleState, unschedulable
+from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.placement import Resolved
+from gpu_scheduler.plugins.defaultpreemption import NoPreemption, Preemption, Waiting, select_victims
+from gpu_scheduler.plugins.gpusheld import Held, Write, record_step
+from gpu_scheduler.plugins.mapentry import RESOLVED
+from gpu_scheduler.records import NOMINATED_KEY, Record, lease_for, nominated_lease
+from gpu_scheduler.schedmap import Placement
+
+from decide import FILTERS
+from test_placer import MINE, NODE, POD, api_error, lease, placer_with
+
+HELD = unschedulable("GPUsHeld", "GPU 1 on node1 is held by team-a/train-0")
+
+
+def with_priority(pod: dict, priority: int, **spec) -> dict:
+    pod = copy.deepcopy(pod)
+    pod["spec"]["priority"] = priority
+    pod["spec"].update(spec)
+    return pod
+
+
+def holder(name: str, devices: str, priority: int, uid: str = "", owner: str = "", gang: bool = False,
+           labels: dict | None = None, terminating: bool = False) -> dict:
+    meta = {"name": name, "namespace": "team-a", "uid": uid or f"u-{name}", "labels": labels or {},
+            "annotations": {"gpu-scheduler/devices": devices, **({"gpu-scheduler/gang": "true"} if gang else {})}}
+    if owner:
+        meta["ownerReferences"] = [{"kind": "StatefulSet", "name": owner, "controller": True}]
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": "node1", "containers": [], "priority": priority},
+            "status": {"phase": "Running"}}
+
+
+def decide(pod, pods, pdbs=(), members_of=lambda key: (), refusal=HELD, records=None):
+    state = CycleState()
+    placement = Placement("node1", ("0", "1"))
+    state.write(RESOLVED, Resolved(0, placement, {0: placement}))
+    snapshot = NodeSnapshot("node1", NODE, NodeInfo.of(pods), records=records or {}, now=time.time())
+    return select_victims(pod, snapshot, refusal, state, FILTERS, pdbs, members_of)
+
+
+def names(chosen) -> list[str]:
+    assert isinstance(chosen, Preemption), chosen
+    return sorted(v.info.name for v in chosen.victims)
+
+
+# -- the choice --------------------------------------------------------------------------------
+def test_the_lower_priority_holder_is_the_victim_and_a_pod_not_in_the_way_is_spared():
+    pods = [holder("train-0", "1", 10), holder("other-0", "3", 0)]
+    assert names(decide(with_priority(POD, 100), pods)) == ["team-a/train-0"]
+
+
+def test_equal_or_higher_priority_is_never_preempted_and_the_reason_says_so():
+    chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 100)])
+    assert isinstance(chosen, NoPreemption) and "lower than this pod's 100" in chosen.reason \
+        and "team-a/train-0: 100" in chosen.reason
+
+
+def test_preemption_policy_never_preempts_nobody():
+    chosen = decide(with_priority(POD, 100, preemptionPolicy="Never"), [holder("train-0", "1", 0)])
+    assert isinstance(chosen, NoPreemption) and "preemptionPolicy is Never" in chosen.reason
+
+
+def test_a_refusal_that_eviction_cannot_undo_preempts_nobody():
+    chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 0)],
+                    refusal=unschedulable("NodeExists", "no node"))
+    assert isinstance(chosen, NoPreemption) and "NodeExists" in chosen.reason
+
+
+def test_a_victim_its_pod_disruption_budget_protects_now_means_no_preemption():
+    pdb = {"metadata": {"name": "train", "namespace": "team-a"},
+           "spec": {"selector": {"matchLabels": {"app": "train"}}}, "status": {"disruptionsAllowed": 0}}
+    chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 0, labels={"app": "train"})], [pdb])
+    assert isinstance(chosen, NoPreemption) and "PodDisruptionBudget team-a/train allows 0" in chosen.reason
+    pdb["status"]["disruptionsAllowed"] = 1
+    assert names(decide(with_priority(POD, 100), [holder("train-0", "1", 0, labels={"app": "train"})], [pdb])) \
+        == ["team-a/train-0"]
+
+
+def test_the_fewest_victims_the_more_important_pod_reprieved():
+    # both GPUs 0 and 1 are wanted: two holders must go; a third of lower priority on GPU 2 stays
+    pods = [holder("a-0", "0", 5), holder("b-0", "1", 1), holder("c-0", "2", 0)]
+    assert names(decide(with_priority(POD, 100), pods)) == ["team-a/a-0", "team-a/b-0"]
+
+
+def test_a_gang_member_goes_only_with_its_whole_gang():
+    member = holder("g-0", "1", 0, owner="g", gang=True)
+    elsewhere = PodInfo.of({**holder("g-1", "0", 0, owner="g", gang=True), "spec": {"nodeName": "node2",
+                                                                                    "containers": [], "priority": 0}})
+    chosen = decide(with_priority(POD, 100), [member],
+                    members_of=lambda key: ((("node1", PodInfo.of(member)), ("node2", elsewhere))))
+    assert names(chosen) == ["team-a/g-0", "team-a/g-1"]
+    assert {v.node for v in chosen.victims} == {"node1", "node2"}
+
+
+def test_a_gang_with_a_member_of_equal_priority_is_not_preempted():
+    member = holder("g-0", "1", 0, owner="g", gang=True)
+    high = PodInfo.of(holder("g-1", "3", 100, owner="g", gang=True))
+    chosen = decide(with_priority(POD, 100), [member],
+                    members_of=lambda key: (("node1", PodInfo.of(member)), ("node2", high)))
+    assert isinstance(chosen, NoPreemption)
+
+
+def test_victims_already_terminating_are_waited_for_not_evicted_again():
+    chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 0, terminating=True)])
+    assert isinstance(chosen, Waiting) and "team-a/train-0" in chosen.message
+
+
+# -- the claim -----------------------------------------------------------------------------------
+def _record(**nomination) -> Record:
+    body = lease_for("node1", "1", ("StatefulSet team-a/train",), False, "team-a/train-0", "u-train-0",
+                     time.time() - 3600)
+    body["metadata"]["resourceVersion"] = "7"
+    record = Record.of(body)
+    return Record.of(nominated_lease(record, "node1", "1", "default/high", "u-high", 100, time.time() + 60,
+                                     "StatefulSet d/high")) if nomination else record
+
+
+def test_a_device_being_freed_goes_to_its_nominee_or_a_pod_of_higher_priority_alone():
+    record = _record(nominated=True)
+    assert isinstance(record_step(record, "StatefulSet x/other", False, (), time.time(), uid="u-other",
+                                  priority=100), Held)
+    assert isinstance(record_step(record, "StatefulSet team-a/train", False, (), time.time(), uid="u-train-1",
+                                  priority=0), Held)  # not even its former holder
+    assert isinstance(record_step(record, "StatefulSet d/high", False, (), time.time(), uid="u-high",
+                                  priority=100), Write)
+    assert isinstance(record_step(record, "StatefulSet d/high", False, (), time.time(), uid="u-high-sibling",
+                                  priority=100), Write)  # the nominee's sibling shares its devices
+    assert isinstance(record_step(record, "StatefulSet x/top", False, (), time.time(), uid="u-top",
+                                  priority=1000), Write)
+    # the nominee seen gone: the nomination ends with it
+    assert isinstance(record_step(record, "StatefulSet x/other", False, (), time.time(), frozenset({"u-high"}),
+                                  uid="u-other", priority=0), Write)
+
+
+# -- bind's calls, in order (fake API: order and error paths only) --------------------------------
+HIGH = with_priority(POD, 100)
+
+
+def victim_pod() -> dict:
+    return holder("train-0", "1", 0, uid="u-holder", owner="train")
+
+
+def test_bind_claims_the_record_then_nominates_then_evicts_then_marks_the_victim():
+    victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
+    written = copy.deepcopy(victim_lease)
+    placer, api = placer_with(pods=[victim_pod()], leases=[victim_lease], update_lease=[written], evict=[{}],
+                              patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(HIGH))
+    placer.recorder.flush()
+    assert attempt.outcome["result"] == "Unschedulable"
+    assert "preemption: preempted team-a/train-0 (priority 0) on node1" in attempt.outcome["message"]
+    order = [m for m, _, _ in api.calls if m in ("update_lease", "create_lease", "evict", "patch_pod_status")]
+    # the claim (GPU 1's record updated, GPU 0's created), the nomination, the eviction, the condition
+    assert order[:5] == ["create_lease", "update_lease", "patch_pod_status", "evict", "patch_pod_status"] or \
+        order[:5] == ["update_lease", "create_lease", "patch_pod_status", "evict", "patch_pod_status"], order
+    claims = [args[-1] for m, args, _ in api.calls if m in ("update_lease", "create_lease")][:2]
+    assert all(c["metadata"]["annotations"][NOMINATED_KEY] == "default/gpu-scheduler-check-0" for c in claims)
+    (nominated, _), (condition, _) = api.called("patch_pod_status")[:2]
+    assert nominated[2] == {"status": {"nominatedNodeName": "node1"}}
+    assert condition[:2] == ("team-a", "train-0")
+    assert condition[2]["status"]["conditions"][0]["reason"] == "PreemptionByScheduler"
+    assert api.called("evict")[0][0] == ("team-a", "train-0", "u-holder")
+    preempted = [body for (_, body), _ in api.called("create_event") if body["reason"] == "Preempted"]
+    assert preempted and "default/gpu-scheduler-check-0" in preempted[0]["message"]
+    assert api.called("bind") == []
+
+
+def test_a_claim_another_writer_made_first_evicts_nothing():
+    victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
+    placer, api = placer_with(pods=[victim_pod()], leases=[victim_lease], update_lease=[api_error(409, "conflict")])
+    attempt = placer.place(copy.deepcopy(HIGH))
+    assert "claimed by another preemptor or bind instance first" in attempt.outcome["message"]
+    assert api.called("evict") == [] and api.called("bind") == []
+
+
+def test_an_eviction_refused_by_a_budget_releases_the_claim_and_retries_later():
+    victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
+    written = copy.deepcopy(victim_lease)
+    written["metadata"]["resourceVersion"] = "8"
+    placer, api = placer_with(pods=[victim_pod()], leases=[victim_lease], update_lease=[written],
+                              evict=[api_error(429, "Cannot evict pod as it would violate the pod's disruption budget.")],
+                              patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(HIGH))
+    assert attempt.retry and "429" in attempt.outcome["message"]
+    released = [args[-1] for args, _ in api.called("update_lease")][-1]
+    assert NOMINATED_KEY not in released["metadata"]["annotations"]
+    conditions = [args for args, _ in api.called("patch_pod_status") if "conditions" in json.dumps(args)]
+    assert conditions == []  # no DisruptionTarget on a pod not evicted
+
+
+def test_a_pod_of_default_priority_keeps_its_refusal_as_it_was():
+    placer, api = placer_with(pods=[victim_pod()])
+    attempt = placer.place(copy.deepcopy(POD))
+    assert "preemption" not in attempt.outcome["message"] and api.called("evict") == []
+
+
+# -- explain's line ------------------------------------------------------------------------------
+def test_explain_names_who_would_be_preempted_or_why_nobody_can_be():
+    from gpu_scheduler.framework.profile import default_profile
+    from gpu_scheduler.framework.config import SchedulerConfig
+    from gpu_scheduler.framework.runtime import Framework
+    from gpu_scheduler.plan import scheduling
+
+    def snapshot_of(pods):
+        return lambda node: NodeSnapshot(node, NODE, NodeInfo.of(pods), now=time.time())
+    framework = Framework(default_profile(SchedulerConfig()))
+    decided = scheduling(HIGH, framework, snapshot_of([victim_pod()]))
+    assert decided.action == "wait" and decided.preemption == "would preempt team-a/train-0 (priority 0) on node1"
+    equal = scheduling(HIGH, framework, snapshot_of([holder("train-0", "1", 100, uid="u-holder", owner="train")]))
+    assert equal.preemption.startswith("nobody can be preempted: no pod on node1 has a priority lower than this"
+                                       " pod's 100")
+    assert scheduling(POD, framework, snapshot_of([victim_pod()])).preemption == ""  # priority 0: as bind's Event
+
+
+# -- gangs as preemptors -------------------------------------------------------------------------
+def gang_member(index: int) -> dict:
+    from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
+    return {"metadata": {"name": f"big-{index}", "namespace": "ns", "uid": f"u-big-{index}",
+                         "labels": {"apps.kubernetes.io/pod-index": str(index)},
+                         "ownerReferences": [{"controller": True, "kind": "StatefulSet", "name": "big", "uid": "s"}],
+                         "annotations": {ANNOTATION: "0=node1:0\n1=node1:1\n", "gpu-scheduler/gang": "true"}},
+            "spec": {"schedulerName": SCHEDULER_NAME, "containers": [], "priority": 100}}
+
+
+def test_a_gang_preempts_for_every_refused_member_or_for_none():
+    low = holder("train-0", "1", 0, uid="u-holder", owner="train")
+    placer, api = placer_with(pods=[gang_member(0), gang_member(1), low], update_lease=[{}], create_lease=[{}],
+                              evict=[{}], patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(gang_member(0)))
+    assert "preemption: preempted team-a/train-0 (priority 0) on node1" in attempt.outcome["message"], attempt.outcome
+    assert [args for args, _ in api.called("evict")] == [("team-a", "train-0", "u-holder")]
+    assert api.called("bind") == []
+
+    # one member's GPU held by a pod of equal priority: the gang cannot be placed whole, nobody is evicted
+    equal = holder("serve-0", "0", 100, uid="u-serve", owner="serve")
+    placer, api = placer_with(pods=[gang_member(0), gang_member(1), low, equal], update_lease=[{}],
+                              create_lease=[{}], evict=[{}], patch_pod_status=[{}])
+    attempt = placer.place(copy.deepcopy(gang_member(0)))
+    assert "nobody preempted: member big-0" in attempt.outcome["message"], attempt.outcome
+    assert api.called("evict") == []
+
+
+def test_a_sibling_of_the_preemptor_evicts_nothing_more():
+    """Index 3 and 4 of one StatefulSet share GPU 1: once index 4 is nominated, index 3 waits for
+    the same victim rather than evicting it again (this failed before the nomination named its workload)."""
+    victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
+    record = Record.of(victim_lease)
+    nominated = nominated_lease(record, "node1", "1", "default/gpu-scheduler-check-4", "u-4", 100,
+                                time.time() + 60, MINE)
+    nominated["metadata"]["resourceVersion"] = "6"
+    free = nominated_lease(None, "node1", "0", "default/gpu-scheduler-check-4", "u-4", 100, time.time() + 60, MINE)
+    free["metadata"]["resourceVersion"] = "6"
+    placer, api = placer_with(pods=[victim_pod()], leases=[nominated, free])
+    attempt = placer.place(copy.deepcopy(HIGH))
+    assert "preempted for this pod already" in attempt.outcome["message"], attempt.outcome
+    assert api.called("evict") == [] and api.called("update_lease") == []
