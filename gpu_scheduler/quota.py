@@ -129,3 +129,23 @@ def counted(pod: Mapping[str, Any]) -> dict[str, int]:
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def advertisement(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The node status merge patch advertising what a pod pinned to `node` requests for quotas
+    (ADVERTISED of gpu-scheduler.io/gpu and of the node's GPU type), in capacity and allocatable,
+    or None when the node has it all. Allocatable too: a kubelet copies capacity into allocatable
+    itself, a node without one (or before its next status update) would not."""
+    metadata = _map(node.get("metadata"))
+    wanted = [GPU_RESOURCE]
+    product = product_resource(_map(metadata.get("labels")).get(PRODUCT_LABEL))
+    if product:
+        wanted.append(product)
+    status = _map(node.get("status"))
+    patch: dict[str, Any] = {}
+    for field in ("capacity", "allocatable"):
+        have = _map(status.get(field))
+        missing = {name: ADVERTISED for name in wanted if have.get(name) != ADVERTISED}
+        if missing:
+            patch[field] = missing
+    return {"status": patch} if patch else None

@@ -139,6 +139,10 @@ def parser() -> argparse.ArgumentParser:
                              default=os.environ.get("GPU_SCHEDULER_DRA_DEVICE_RULES") or dra.DEFAULT_RULES_TEXT,
                              help="DRA mode: the rules from a map index to a device, as bind's"
                              " GPU_SCHEDULER_DRA_DEVICE_RULES (default: that variable, else the built-in rules)")
+        command.add_argument("--quota", choices=("true", "false"),
+                             default=(os.environ.get("GPU_SCHEDULER_QUOTA") or "true").lower(),
+                             help="whether pinned GPUs count against ResourceQuotas, as bind's and mutate's"
+                             " GPU_SCHEDULER_QUOTA (default: that variable, else %(default)s)")
 
     plan = commands.add_parser(
         "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
@@ -239,7 +243,8 @@ def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
 
 def framework(args) -> Framework:
     """bind's framework, with bind's settings as the flags give them."""
-    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))))
+    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args),
+                                                     args.quota == "true")))
 
 
 def scheduling(cluster, args, pod: dict[str, Any]) -> core.Scheduling:
@@ -460,7 +465,7 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
     try:
         for work in works:
             suggesting.check(work, args.gpus)
-        config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))
+        config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args), args.quota == "true")
         # A DRA-mode replica, if any, so that the snapshots hold the nodes' slices and every claim's devices.
         first = next((w for w in works if suggesting.dra_mode(w)), works[0])
         sample = suggesting.candidate_pod(first, first.indexes[0], "")

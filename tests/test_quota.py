@@ -8,7 +8,7 @@ import pytest
 
 from jsonpatch import apply_patch
 from gpu_scheduler.admission import admission_response
-from gpu_scheduler.quota import GPU_RESOURCE, counted, product_resource, quota_requests
+from gpu_scheduler.quota import GPU_RESOURCE, advertisement, counted, product_resource, quota_requests
 from tests.test_admission import SEED_DEVICES, container, counted_gpus, decode_patch, make_pod, make_review
 
 PRODUCTS = {"node1": "NVIDIA-A100-SXM4-80GB", "node2": "Tesla T4"}
@@ -123,3 +123,34 @@ def test_product_resource_names_are_valid(label, resource):
 def test_quota_requests():
     assert quota_requests(3, None) == {GPU_RESOURCE: "3"}
     assert quota_requests(1, "Tesla T4") == {GPU_RESOURCE: "1", "product.gpu-scheduler.io/Tesla-T4": "1"}
+
+
+# --------------------------------------------------------------------------- nodes advertise, bind checks the count
+
+def node(name="node1", product=None, capacity=None, allocatable=None):
+    labels = {"nvidia.com/gpu.product": product} if product else {}
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"capacity": capacity or {"cpu": "8"}, "allocatable": allocatable or {"cpu": "8"}}}
+
+
+def test_a_node_advertises_the_total_and_its_gpu_type():
+    assert advertisement(node()) == {"status": {"capacity": {GPU_RESOURCE: "100000"},
+                                                "allocatable": {GPU_RESOURCE: "100000"}}}
+    wanted = {GPU_RESOURCE: "100000", "product.gpu-scheduler.io/Tesla-T4": "100000"}
+    assert advertisement(node(product="Tesla T4")) == {"status": {"capacity": wanted, "allocatable": wanted}}
+    assert advertisement(node(product="Tesla T4", capacity=wanted, allocatable=wanted)) is None
+    # A kubelet that reset its extended resources (allocatable only copied from capacity later).
+    assert advertisement(node(product="Tesla T4", capacity=wanted)) == {"status": {"allocatable": wanted}}
+
+
+def test_gpuquota_refuses_a_created_pod_counted_for_less_than_its_entry():
+    from gpu_scheduler.plugins.gpuquota import uncounted
+    pod = make_pod("web-0", containers=[container(resources=counted_gpus(1))])
+    assert "pins 2 GPU(s) on node node1" in uncounted(pod, 2, node())
+    assert "delete the pod" in uncounted(pod, 2, node())
+    assert uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2))]), 2, node()) is None
+    # The node's GPU type known now, not when the pod was created.
+    message = uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2))]), 2, node(product="Tesla T4"))
+    assert "product.gpu-scheduler.io/Tesla-T4: 2 (it requests 0)" in message
+    assert uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2, "Tesla-T4"))]), 2,
+                     node(product="Tesla T4")) is None

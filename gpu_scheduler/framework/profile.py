@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..plugins.defaultbinder import DefaultBinder
 from ..plugins.dynamicresources import DynamicResources
 from ..plugins.gang import Gang
+from ..plugins.gpuquota import GPUQuota
 from ..plugins.gpusheld import GPUsHeld
 from ..plugins.mapentry import MapEntry
 from ..plugins.nodeaffinity import NodeAffinity
@@ -28,7 +29,7 @@ from .interface import (
 # Every plugin class of the profile: their names and events are known without a configuration.
 PLUGINS: tuple[type[Plugin], ...] = (
     MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity, NodeAffinity, NodePorts,
-    NodeResourcesFit, GPUsHeld, DynamicResources, Gang, DefaultBinder,
+    NodeResourcesFit, GPUQuota, GPUsHeld, DynamicResources, Gang, DefaultBinder,
 )
 
 
@@ -55,7 +56,7 @@ def default_profile(config: SchedulerConfig) -> Profile:
         pre_filter=(MapEntry(), gang, dynamic),
         # NodeExists first: the filters after it read the node.
         filter=(node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
-                NodePorts(), NodeResourcesFit(), gpus_held, dynamic),
+                NodePorts(), NodeResourcesFit(), GPUQuota(config.quota), gpus_held, dynamic),
         post_filter=(),  # preemption comes here
         reserve=(gpus_held, dynamic),  # Unreserve in reverse: the claim's allocation, then the records
         permit=(gang,),
