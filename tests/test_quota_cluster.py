@@ -82,7 +82,7 @@ def test_a_quota_of_two_gpus_lets_two_replicas_of_three_be_created_and_another_n
     # The quota's namespace: two replicas, and the controller's refusal of the third, in the API
     # server's own words (the resource, what was requested, used and the limit).
     refusals = stack.wait_for(lambda: quota_refusals(stack, namespace, "train"), 60, "a quota refusal of the third")
-    assert f"exceeded quota: gpus, requested: {GPU}=1, used: {GPU}=2, limited: {GPU}=2" in refusals[0], refusals
+    assert f"exceeded quota: gpus, requested: requests.{GPU}=1, used: requests.{GPU}=2, limited: requests.{GPU}=2" in refusals[0], refusals
     stack.wait_for(lambda: bound_names(stack, namespace, "app=train") == {"train-0", "train-1"}, 60,
                    "replicas 0 and 1 bound")
     assert {p["metadata"]["name"] for p in stack.pods(namespace, "app=train")} == {"train-0", "train-1"}
@@ -91,38 +91,38 @@ def test_a_quota_of_two_gpus_lets_two_replicas_of_three_be_created_and_another_n
 
 def test_a_quota_on_one_gpu_type_leaves_the_other_type_free(stack, namespace, own_nodes):
     a100, = own_nodes(1, **{PRODUCT: "NVIDIA-A100-SXM4-80GB"})
-    t4, = own_nodes(1, **{PRODUCT: "Tesla T4"})
+    t4, = own_nodes(1, **{PRODUCT: "Tesla-T4"})
     a100_resource = "product.gpu-scheduler.io/NVIDIA-A100-SXM4-80GB"
     quota(stack, namespace, {f"requests.{a100_resource}": "2"})
     # Replica 0 pins 2 A100s (the whole quota), 1 and 2 the T4s, 3 one more A100.
     stack.apply(mapped_statefulset(namespace, [f"{a100}:0,1", f"{t4}:0", f"{t4}:1,2", f"{a100}:2"]))
     refusals = stack.wait_for(lambda: quota_refusals(stack, namespace, "train"), 60, "a quota refusal of replica 3")
-    assert f"requested: {a100_resource}=1, used: {a100_resource}=2, limited: {a100_resource}=2" in refusals[0], refusals
+    assert f"requested: requests.{a100_resource}=1, used: requests.{a100_resource}=2, limited: requests.{a100_resource}=2" in refusals[0], refusals
     stack.wait_for(lambda: bound_names(stack, namespace, "app=train") == {"train-0", "train-1", "train-2"}, 60,
                    "replicas 0, 1 and 2 bound")
     pods = {p["metadata"]["name"]: p for p in stack.pods(namespace, "app=train")}
     assert set(pods) == {"train-0", "train-1", "train-2"}
     requests = pods["train-2"]["spec"]["containers"][0]["resources"]["requests"]
-    assert requests == {GPU: "2", "product.gpu-scheduler.io/Tesla-T4": "2"}
+    assert requests == {"cpu": "10m", "memory": "16Mi", GPU: "2", "product.gpu-scheduler.io/Tesla-T4": "2"}
     assert used(stack, namespace)[f"requests.{a100_resource}"] == "2"
 
 
 def test_deleting_a_pod_frees_its_share_of_the_quota(stack, namespace, own_nodes):
     node, = own_nodes(1)
     quota(stack, namespace, {f"requests.{GPU}": "2"})
-    for name, devices in (("a", "0"), ("b", "1")):
+    for name, devices in (("a-0", "0"), ("b-0", "1")):
         stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, name, f"0={node}:{devices}"))
     stack.wait_bound(namespace, 2)
     # A third pinned GPU is refused at creation, by the API server, in its own words.
     with pytest.raises(client.ApiException) as refused:
-        stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, "c", f"0={node}:2"))
+        stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, "c-0", f"0={node}:2"))
     assert refused.value.status == 403
-    assert f"exceeded quota: gpus, requested: {GPU}=1, used: {GPU}=2, limited: {GPU}=2" in refused.value.body
+    assert f"exceeded quota: gpus, requested: requests.{GPU}=1, used: requests.{GPU}=2, limited: requests.{GPU}=2" in refused.value.body
     deleted = time.monotonic()
-    stack.api.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
+    stack.api.delete_namespaced_pod("a-0", namespace, grace_period_seconds=0)
     stack.wait_for(lambda: used(stack, namespace).get(f"requests.{GPU}") == "1", 30, "the quota's use down to 1")
     freed = time.monotonic() - deleted
-    stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, "c", f"0={node}:2"))
+    stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, "c-0", f"0={node}:2"))
     stack.wait_bound(namespace, 2)
     print(f"quota use freed {freed:.2f} s after the pod's deletion")
 

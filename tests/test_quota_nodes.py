@@ -37,7 +37,7 @@ def test_the_check_workload_runs_under_a_quota_and_the_replica_over_it_waits_for
     real_stack.apply(statefulset(ns))
     refusals = real_stack.wait_for(lambda: quota_refusals(real_stack, ns, "gpu-scheduler-check"), 90,
                                    "the quota's refusal of replica 4")
-    assert f"requested: {GPU}=1, used: {GPU}=7, limited: {GPU}=7" in refusals[0], refusals
+    assert f"requested: requests.{GPU}=1, used: requests.{GPU}=7, limited: requests.{GPU}=7" in refusals[0], refusals
     # Replicas 0..3 run: their kubelets admitted pods requesting gpu-scheduler.io/gpu.
     pods = real_stack.wait_for(lambda: running(real_stack, ns, 4), 120, "replicas 0..3 Running")
     assert placement_from_logs(real_stack, ns, pods) == {i: EXPECTED[i] for i in range(4)}
