@@ -162,6 +162,13 @@ def test_dra_mode_claims_count_for_the_namespaces_device_class_quota(stack, name
     messages = stack.wait_for(refused, 60, "the third pod's FailedScheduling with the quota's refusal")
     assert f"requested: {DEVICE_CLASS_QUOTA}=1, used: {DEVICE_CLASS_QUOTA}=2, limited: {DEVICE_CLASS_QUOTA}=2" \
         in messages[0], messages
+    # The user's quota, said as a reason the pod cannot be scheduled (not a SchedulerError, which
+    # would send an operator looking for a fault of bind's).
+    [waiting] = [p for p in stack.pods(namespace) if not p["spec"].get("nodeName")]
+    [condition] = [c for c in waiting["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert condition["reason"] == "Unschedulable" and "exceeded quota" in condition["message"], condition
+    # Counted the same way as in the other modes too (a pod-level quota on gpu-scheduler.io/gpu applies).
+    assert all(p["spec"]["containers"][0]["resources"]["requests"][GPU] == "1" for p in stack.pods(namespace))
     claims = admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims")["items"]
     assert len(claims) == 2
     assert used(stack, namespace)[DEVICE_CLASS_QUOTA] == "2"
