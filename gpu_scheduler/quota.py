@@ -149,3 +149,29 @@ def advertisement(node: Mapping[str, Any]) -> dict[str, Any] | None:
         if missing:
             patch[field] = missing
     return {"status": patch} if patch else None
+
+
+# -- what plan --cluster and explain show ----------------------------------------------------------
+DEVICE_CLASS_SUFFIX = ".deviceclass.resource.k8s.io/devices"  # 1.34's quota on DRA devices per DeviceClass
+
+
+def is_gpu_quota(resource: str) -> bool:
+    """A ResourceQuota entry that bounds GPUs pinned here: ours, per DeviceClass, or nvidia.com/gpu."""
+    name = resource.removeprefix("requests.")
+    return is_quota_resource(name) or resource.endswith(DEVICE_CLASS_SUFFIX) or name == "nvidia.com/gpu"
+
+
+def gpu_quotas(quotas: list[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The namespace's quotas on GPUs and their use, one entry per (quota, resource), sorted."""
+    found = []
+    for quota in quotas:
+        name = str(_map(quota.get("metadata")).get("name") or "")
+        used = _map(_map(quota.get("status")).get("used"))
+        for resource, hard in _map(_map(quota.get("spec")).get("hard")).items():
+            if isinstance(resource, str) and is_gpu_quota(resource):
+                found.append({"quota": name, "resource": resource, "hard": str(hard), "used": str(used.get(resource, "0"))})
+    return sorted(found, key=lambda q: (q["quota"], q["resource"]))
+
+
+def quota_text(entry: Mapping[str, str]) -> str:
+    return f"{entry['quota']}: {entry['resource']} {entry['used']} used of {entry['hard']}"

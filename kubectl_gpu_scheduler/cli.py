@@ -26,6 +26,7 @@ from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import GangSnapshot
 from gpu_scheduler.plugins.gang import gang_size_or_none
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
+from gpu_scheduler.quota import counted as quota_requests_of
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
 from . import files, output
@@ -341,7 +342,10 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workloads.append(output.workload_dict(document.source, document.number, plan, rows, gang))
+        workload = output.workload_dict(document.source, document.number, plan, rows, gang)
+        if cluster and args.quota == "true":
+            workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
+        workloads.append(workload)
     if not workloads and not errors:
         errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
@@ -405,6 +409,9 @@ def run_explain(args) -> dict[str, Any]:
     answer["placeable"] = decided.placeable
     if uses_dra(pod):
         answer["claim"] = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)
+    if args.quota == "true":
+        answer["quota"] = cluster.gpu_quotas(namespace)
+        answer["counted"] = {k: str(v) for k, v in quota_requests_of(pod).items()}
     return answer
 
 

@@ -236,8 +236,8 @@ def _shape(value, key: str = ""):
             if k == _BIND_RECORD or _mutate_since(k):
                 continue
             inner = _shape(v, k)
-            if inner == {} and v != {}:  # held only what mutate adds now (a container's limits, say)
-                continue
+            if inner == {} and v != {} and k.removeprefix("f:") in ("requests", "limits"):
+                continue  # held only what mutate adds now: the capture's container had no requests
             shaped[UUID.sub("<uuid>", k)] = inner
         return shaped
     if isinstance(value, list):
