@@ -1,5 +1,5 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,quota]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
@@ -13,7 +13,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, gang, run
+from . import framework, gang, quota, run
 
 
 def main() -> int:
@@ -39,7 +39,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang"}:
+    if only & {"peers", "dra", "framework", "gang", "quota"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -49,6 +49,8 @@ def main() -> int:
                 results["framework_cost"] = framework.framework_cost(stack, args.pods, args.reps, args.before)
             if "gang" in only:  # not in the default: bench.run has it
                 results["gang"] = gang.gang_speed(stack, args.replicas, args.reps)
+            if "quota" in only:  # not in the default: bench.run has it
+                results["quota"] = quota.quota_cost(stack, args.pods, args.reps)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -79,6 +81,8 @@ def main() -> int:
             print("\n".join(framework.rows(value)))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
+        elif key == "quota":
+            print("\n".join(quota.rows(value)))
         elif key == "cold_start_s":
             print("cold start " + ", ".join(f"{t} {statistics.median(v):.2f} s" for t, v in value.items()))
         else:
