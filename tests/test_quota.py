@@ -154,3 +154,53 @@ def test_gpuquota_refuses_a_created_pod_counted_for_less_than_its_entry():
     assert "product.gpu-scheduler.io/Tesla-T4: 2 (it requests 0)" in message
     assert uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2, "Tesla-T4"))]), 2,
                      node(product="Tesla T4")) is None
+
+
+# --------------------------------------------------------------------------- mutate's node reads (error paths: a fake API)
+
+class _Nodes:
+    """read_node as the API server answers it, counting the reads."""
+
+    def __init__(self, answers):
+        self.answers, self.reads = answers, 0
+
+    def read_node(self, name, cached=False):
+        from kubeapi.errors import APIError
+        self.reads += 1
+        answer = self.answers[name]
+        if isinstance(answer, APIError):
+            raise answer
+        return answer
+
+
+def _node_products(answers, seconds=10.0):
+    # Loaded from its file, as functions-framework loads mutate: functions/mutate is no package.
+    import importlib.util
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("mutate_nodeproduct", REPO / "functions" / "mutate" / "nodeproduct.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    api = _Nodes(answers)
+    return module.NodeProducts(api, seconds), api
+
+
+def test_a_nodes_gpu_type_is_read_once_per_interval():
+    products, api = _node_products({"node1": node(product="Tesla-T4")})
+    assert [products("node1") for _ in range(5)] == ["Tesla-T4"] * 5
+    assert api.reads == 1
+    products.seconds = 0
+    assert products("node1") == "Tesla-T4" and api.reads == 2
+
+
+def test_a_missing_node_has_no_type_yet_and_a_failed_read_is_not_kept():
+    from kubeapi.errors import APIError
+    products, api = _node_products({"gone": APIError(404, 'nodes "gone" not found', "NotFound", "nodes", "gone"),
+                                    "down": APIError(0, "connection refused")})
+    assert products("gone") is None and products("gone") is None and api.reads == 1  # kept: asked again later
+    assert products("down") is None and products("down") is None and api.reads == 3  # not kept: asked each time
+
+
+def test_without_an_api_server_every_pod_counts_in_the_total_only():
+    products, _ = _node_products({})
+    products.kube = None
+    assert products("node1") is None
