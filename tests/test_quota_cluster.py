@@ -206,3 +206,22 @@ def test_plan_and_explain_show_the_namespaces_gpu_quota_and_its_use(stack, names
     path.write_text(json.dumps(manifest))
     code, out, err = run("plan", "--cluster", "-f", str(path), "--kubeconfig", reader)
     assert f"  quota: gpus: requests.{GPU} 2 used of 2\n" in out, out
+
+
+def test_a_map_edited_after_creation_to_pin_more_gpus_is_not_bound(stack, namespace, own_nodes):
+    """The webhook sees creations only: a pending pod's map edited to pin 4 GPUs where it was
+    counted for 1 would walk around the quota. bind's GPUQuota keeps it Pending, naming the fix."""
+    node, = own_nodes(1)
+    quota(stack, namespace, {f"requests.{GPU}": "2"})
+    stack.api.create_namespaced_pod(namespace, pod_manifest(namespace, "x-0", f"0=missing-{node}:0"))  # Pending
+    stack.wait_for(lambda: failed_scheduling_messages(stack, namespace, "x-0"), 30, "the pod Pending (no such node)")
+    stack.api.patch_namespaced_pod("x-0", namespace, {"metadata": {"annotations": {
+        "gpu-scheduling-map": f"0={node}:0,1,2,3"}}})
+
+    def refused():
+        return [m for m in failed_scheduling_messages(stack, namespace, "x-0") if "pins 4 GPU(s)" in m]
+    [message] = stack.wait_for(refused, 30, "GPUQuota's refusal")
+    assert f"counted for the namespace's ResourceQuota as {GPU}: 4 (it requests 1)" in message
+    assert "delete the pod, and its controller creates it again, counted" in message
+    [pod] = stack.pods(namespace)
+    assert not pod["spec"].get("nodeName")
