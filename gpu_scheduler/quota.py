@@ -175,3 +175,20 @@ def gpu_quotas(quotas: list[Mapping[str, Any]]) -> list[dict[str, str]]:
 
 def quota_text(entry: Mapping[str, str]) -> str:
     return f"{entry['quota']}: {entry['resource']} {entry['used']} used of {entry['hard']}"
+
+
+def with_quota_requests_of(pod: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """`pod` (a manifest's) with the quota requests and limits of `live` (the pod of that name the
+    API server holds, which mutate counted) in its first container, in place of its own."""
+    containers = list(_map(pod.get("spec")).get("containers") or [])
+    if not containers or not isinstance(containers[0], Mapping):
+        return dict(pod)
+    live_containers = _list(_map(live.get("spec")).get("containers"))
+    live_resources = _map(live_containers[0].get("resources")) if live_containers else {}
+    resources = dict(_map(containers[0].get("resources")))
+    for kind in ("requests", "limits"):
+        own = {k: v for k, v in _map(resources.get(kind)).items() if not (isinstance(k, str) and is_quota_resource(k))}
+        own.update({k: v for k, v in _map(live_resources.get(kind)).items() if isinstance(k, str) and is_quota_resource(k)})
+        resources[kind] = own
+    containers[0] = {**containers[0], "resources": resources}
+    return {**pod, "spec": {**_map(pod.get("spec")), "containers": containers}}

@@ -27,6 +27,7 @@ from gpu_scheduler.framework.snapshot import GangSnapshot
 from gpu_scheduler.plugins.gang import gang_size_or_none
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 from gpu_scheduler.quota import counted as quota_requests_of
+from gpu_scheduler.quota import with_quota_requests_of
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
 from . import files, output
@@ -300,6 +301,8 @@ def admitted(row: core.Row, cluster) -> dict[str, Any]:
     if live is not None and (live.get("metadata") or {}).get("uid"):
         meta["uid"] = live["metadata"]["uid"]
     pod = {**row.pod_object, "metadata": meta}
+    if live is not None:  # what the API server counted for quotas is the live pod's, not the manifest's
+        pod = with_quota_requests_of(pod, live)
     if row.mode == DRA and not uses_dra(pod):
         pod_spec = dict(pod.get("spec") or {})
         entry = {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(row.pod)}
