@@ -7,7 +7,10 @@ in total and per GPU type, enforced by the API server at pod creation with its o
 - per GPU type: nodes labelled with two products, a quota on one: the replicas on the other type
   are all created, the one past the quota is not;
 - deleting a pod frees its share of the quota: the pod refused before is then created;
-- shared GPUs count once per pod that holds them.
+- shared GPUs count once per pod that holds them; a StatefulSet scaled up gets the replicas that fit;
+- DRA mode: bind's claims count for the namespace's device-class quota;
+- a pending pod's map edited to pin more than it was counted for is not bound (GPUQuota);
+- plan --cluster and explain show the quota and its use.
 
 Each test has nodes of its own (Node objects without kubelets: pods are bound and stay Pending;
 tests/test_quota_nodes.py runs pods on real kubelets under a quota)."""
@@ -225,3 +228,18 @@ def test_a_map_edited_after_creation_to_pin_more_gpus_is_not_bound(stack, namesp
     assert "delete the pod, and its controller creates it again, counted" in message
     [pod] = stack.pods(namespace)
     assert not pod["spec"].get("nodeName")
+
+
+def test_a_statefulset_scaled_up_past_its_quota_gets_the_replicas_that_fit(stack, namespace, own_nodes):
+    node, = own_nodes(1)
+    quota(stack, namespace, {f"requests.{GPU}": "3"})
+    manifest = mapped_statefulset(namespace, [f"{node}:0", f"{node}:1", f"{node}:2", f"{node}:3"])
+    manifest["spec"]["replicas"] = 2  # a map for 4, 2 replicas to start with
+    stack.apply(manifest)
+    stack.wait_for(lambda: len(bound_names(stack, namespace, "app=train")) == 2, 60, "2 replicas bound")
+    assert not quota_refusals(stack, namespace, "train")
+    stack.cp.kubectl("scale", "statefulset", "train", "-n", namespace, "--replicas=4")
+    refusals = stack.wait_for(lambda: quota_refusals(stack, namespace, "train"), 60, "the refusal of the 4th")
+    assert f"requested: requests.{GPU}=1, used: requests.{GPU}=3, limited: requests.{GPU}=3" in refusals[0], refusals
+    stack.wait_for(lambda: len(bound_names(stack, namespace, "app=train")) == 3, 60, "3 replicas bound")
+    assert len(stack.pods(namespace, "app=train")) == 3
