@@ -204,3 +204,16 @@ def test_without_an_api_server_every_pod_counts_in_the_total_only():
     products, _ = _node_products({})
     products.kube = None
     assert products("node1") is None
+
+
+# --------------------------------------------------------------------------- bind's setting
+
+def test_bind_counts_quotas_unless_told_not_to_and_refuses_a_wrong_value():
+    import sys
+    from conftest import REPO
+    sys.path.insert(0, str(REPO / "functions" / "bind"))  # as tests/test_placer.py imports bind's modules
+    from config import BindConfig, ConfigError
+    assert BindConfig.from_environment({}).scheduler.quota is True
+    assert BindConfig.from_environment({"GPU_SCHEDULER_QUOTA": "false"}).scheduler.quota is False
+    with pytest.raises(ConfigError, match="GPU_SCHEDULER_QUOTA: 'no': expected true or false"):
+        BindConfig.from_environment({"GPU_SCHEDULER_QUOTA": "no"})
