@@ -1,5 +1,5 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
 preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation)
@@ -14,7 +14,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, gang, run
+from . import framework, gang, quota, run
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang", "preemption"}:
+    if only & {"peers", "dra", "framework", "gang", "preemption", "quota"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -53,6 +53,8 @@ def main() -> int:
             if "preemption" in only:  # not in the default: bench.run has it
                 results["preemption_cost"] = framework.framework_cost(stack, args.pods, args.reps,
                                                                       framework.BEFORE_PREEMPTION)
+            if "quota" in only:  # not in the default: bench.run has it
+                results["quota"] = quota.quota_cost(stack, args.pods, args.reps)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -85,6 +87,8 @@ def main() -> int:
             print("\n".join(framework.rows(value, "preemption")))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
+        elif key == "quota":
+            print("\n".join(quota.rows(value)))
         elif key == "cold_start_s":
             print("cold start " + ", ".join(f"{t} {statistics.median(v):.2f} s" for t, v in value.items()))
         else:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import framework, gang, hostile, scale, soak
+from bench import framework, gang, hostile, quota, scale, soak
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -641,6 +641,8 @@ def table(results: dict) -> str:
         bool(s["ratio"]) and s["ratio"] <= 1.2)
     if results.get("gang"):
         rows += gang.rows(results["gang"])
+    if results.get("quota"):
+        rows += quota.rows(results["quota"])
     r = results.get("real_nodes")
     if r:
         rows.append(f"{'real nodes: four Ready from start (median s)':<62} {statistics.median(r['four_nodes_ready_s']):>20.1f}"
@@ -705,6 +707,8 @@ def main() -> int:
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
         print("bench: a gang against the same StatefulSet without the annotation, create to bound", flush=True)
         results["gang"] = gang.gang_speed(stack, 20 if args.smoke else gang.REPLICAS, 1 if args.smoke else 4)
+        print("bench: admission and create to bound with a ResourceQuota on pinned GPUs, and without", flush=True)
+        results["quota"] = quota.quota_cost(stack, n if args.smoke else 300, reps)
         # Last on this stack: its own bind is stopped meanwhile, one bind at a time placing.
         print(f"bench: bind now vs before the framework ({args.before}), create to bound", flush=True)
         results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,

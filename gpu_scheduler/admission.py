@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
@@ -24,6 +24,7 @@ from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warni
 from .plugins.dra import POD_CLAIM, claim_name
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
+from .quota import QuotaDodge, check_not_written, patch_for_requests, quota_requests
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -158,10 +159,12 @@ def pod_claim_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"op": "add", "path": "/spec/resourceClaims", "value": [*claims, wanted]}]
 
 
-def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = False) -> list[dict[str, Any]]:
+def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = False,
+              requests: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """JSONPatch operations that set `values` in every container's env and add the managed
     label; with `claims` (DRA mode), also the pod's claim and each container's use of it (may
-    raise ClaimError); empty when the pod already has all of them."""
+    raise ClaimError); with `requests`, those requests and limits in the first container (the
+    GPUs a ResourceQuota counts, quota.py); empty when the pod already has all of them."""
     ops: list[dict[str, Any]] = pod_claim_patch(pod) if claims else []
     for field in CONTAINER_FIELDS:
         containers = spec(pod).get(field)
@@ -170,6 +173,13 @@ def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = 
         for i, container in enumerate(containers):
             if not isinstance(container, dict):
                 continue
+            if requests and field == "containers" and i == 0:
+                if not isinstance(container.get("resources"), dict):
+                    # One empty object first, which both the claim and the requests then fill:
+                    # two operations each adding the whole `resources` would replace each other.
+                    ops.append({"op": "add", "path": "/spec/containers/0/resources", "value": {}})
+                    container = {**container, "resources": {}}
+                ops += patch_for_requests({"spec": {"containers": [container]}}, requests)
             env = container.get("env")
             env = env if isinstance(env, list) else []
             wanted = _env_with(env, values)
@@ -210,9 +220,11 @@ def _invalid_gang(pod: Mapping[str, Any]) -> Decision | None:
     return None
 
 
-def decide(review: Review, default_mode: str = CUDA) -> Decision:
+def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
+           product_of: Callable[[str], str | None] | None = None) -> Decision:
     """The admission decision for one request; `default_mode` is the device env mode (devices.py)
-    for pods that do not choose one."""
+    for pods that do not choose one. With `quota`, a placed pod also requests the GPUs it pins
+    (quota.py), of the GPU type `product_of(node)` names (None: unknown, the total only)."""
     if review.pod is None:
         return Decision(True, reason="NotAPodCreate")
     pod = review.pod
@@ -247,8 +259,16 @@ def decide(review: Review, default_mode: str = CUDA) -> Decision:
     contradiction = node_affinity(pod, resolved.placement.node)
     if contradiction:
         warnings.append(f"{SCHEDULER_NAME}: {contradiction}; the pod will stay Pending")
+    wanted = None
+    if quota:
+        placement = resolved.placement
+        wanted = quota_requests(len(placement.devices), product_of(placement.node) if product_of else None)
+        try:
+            check_not_written(pod, wanted)
+        except QuotaDodge as error:
+            return Decision(False, message=str(error), reason="QuotaDodge")
     try:
-        patch = patch_for(pod, device_env(resolved.placement, mode), claims=mode == DRA)
+        patch = patch_for(pod, device_env(resolved.placement, mode), claims=mode == DRA, requests=wanted)
     except ClaimError as error:
         return Decision(False, message=str(error), reason="InvalidDRAClaim")
     return Decision(True, tuple(patch), tuple(warnings), reason="Placed")
@@ -267,8 +287,9 @@ def response_for(review: Review, decision: Decision) -> dict[str, Any]:
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 
-def admission_response(body: Any, default_mode: str = CUDA) -> tuple[dict[str, Any], Decision]:
+def admission_response(body: Any, default_mode: str = CUDA, quota: bool = True,
+                       product_of: Callable[[str], str | None] | None = None) -> tuple[dict[str, Any], Decision]:
     """Decoded request body -> (AdmissionReview response, decision), or ReviewError."""
     review = parse_review(body)
-    decision = decide(review, default_mode)
+    decision = decide(review, default_mode, quota, product_of)
     return response_for(review, decision), decision

@@ -19,6 +19,7 @@ BIND = frozenset({
     ("", "events", "patch"),        # count up a repeated FailedScheduling instead of a new Event
     ("", "nodes", "list"),          # the node watch's listing
     ("", "nodes", "watch"),         # labels, taints, conditions and allocatable, kept current
+    ("", "nodes/status", "patch"),  # quotas: each node advertises the resources pinned pods request (quota.py)
     # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
     ("authentication.k8s.io", "tokenreviews", "create"),
     # DRA mode (gpu_scheduler/plugins/dra.py): the devices each node publishes, and every claim's
@@ -41,6 +42,11 @@ BIND_RECORDS = frozenset({
     ("coordination.k8s.io", "leases", "update"),  # a sibling joins, a free record is taken over
     ("coordination.k8s.io", "leases", "delete"),  # a record whose pods are gone is removed
 })
+# mutate: the GPU type of the node a pod is pinned to (its nvidia.com/gpu.product label), for the
+# per-type quota request (functions/mutate/nodeproduct.py).
+MUTATE = frozenset({
+    ("", "nodes", "get"),
+})
 # The ApiServerSource's own account: it lists and watches pods and sends them on.
 EVENT_SOURCE = frozenset({
     ("", "pods", "get"),
@@ -56,6 +62,7 @@ PLUGIN = frozenset({
     ("", "nodes", "list"),          # suggest: every node is a candidate for a replica
     ("", "events", "list"),         # explain: gpu-scheduler's Events on the pod
     ("policy", "poddisruptionbudgets", "list"),  # explain: the budgets that keep bind from preempting a pod
+    ("", "resourcequotas", "list"),  # plan --cluster, explain: the namespace's quota on GPUs and its use
     # bind's device records (Leases in its namespace): GPUsHeld reads them as bind does
     ("coordination.k8s.io", "leases", "list"),
     # DRA mode: the pod's claim, the devices its node publishes, and the devices other claims hold.

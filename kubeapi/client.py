@@ -82,6 +82,8 @@ CALLS = {
     "evict": ("", "pods/eviction", "create"),
     "list_pdbs": ("policy", "poddisruptionbudgets", "list"),
     "watch_pdbs": ("policy", "poddisruptionbudgets", "watch"),
+    "patch_node_status": ("", "nodes/status", "patch"),
+    "list_resource_quotas": ("", "resourcequotas", "list"),
 }
 
 
@@ -126,8 +128,11 @@ def load_kubectl_configuration(kubeconfig: str | None = None, context: str | Non
 
 
 class Kube:
-    def __init__(self, configuration: Configuration):
+    def __init__(self, configuration: Configuration, timeout: urllib3.Timeout = TIMEOUT):
+        """`timeout`: of each call (not of watches); mutate's are shorter than bind's, inside the
+        API server's wait for its answer."""
         self.configuration = configuration
+        self.timeout = timeout
         self.host = configuration.host.rstrip("/")
         # The kubernetes package's pool: its TLS settings (CA, client certificates) come with it.
         # Room for bind's watches (a connection each, held for minutes) beside its calls.
@@ -135,7 +140,7 @@ class Kube:
         self.http = ApiClient(configuration).rest_client.pool_manager
         # Without a proxy, calls go over kubeapi/transport.py: a third of urllib3's CPU per call.
         proxied = configuration.proxy and not should_bypass_proxies(configuration.host, configuration.no_proxy or "")
-        self.transport = None if proxied else Transport(configuration, TIMEOUT.connect_timeout, TIMEOUT.read_timeout,
+        self.transport = None if proxied else Transport(configuration, timeout.connect_timeout, timeout.read_timeout,
                                                          keep=KEPT_CONNECTIONS)
         self._auth: tuple[float, dict[str, str]] = (float("-inf"), {})
         self._auth_lock = threading.Lock()
@@ -161,7 +166,7 @@ class Kube:
             if self.transport is not None:
                 status, reason, raw = self.transport.request(method, path, data, headers)
             else:
-                response = self.http.request(method, self.host + path, body=data, headers=headers, timeout=TIMEOUT,
+                response = self.http.request(method, self.host + path, body=data, headers=headers, timeout=self.timeout,
                                              retries=1)
                 status, reason, raw = response.status, response.reason, response.data
         except (urllib3.exceptions.HTTPError, OSError) as error:
@@ -292,8 +297,15 @@ class Kube:
     def watch_pdbs(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
         return self.watch("/apis/policy/v1/poddisruptionbudgets", resource_version, seconds)
 
-    def read_node(self, name: str) -> dict:
-        return self._call("GET", f"/api/v1/nodes/{quote(name)}")
+    def read_node(self, name: str, cached: bool = False) -> dict:
+        """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""
+        return self._call("GET", f"/api/v1/nodes/{quote(name)}", query={"resourceVersion": "0"} if cached else None)
+
+    def list_resource_quotas(self, namespace: str) -> list[dict]:
+        return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/resourcequotas")["items"]
+
+    def patch_node_status(self, name: str, patch: dict) -> dict:
+        return self._call("PATCH", f"/api/v1/nodes/{quote(name)}/status", patch, MERGE_PATCH)
 
     def create_event(self, namespace: str, event: dict) -> dict:
         return self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)

@@ -57,6 +57,11 @@ class APIError(Exception):
     def conflict(self) -> bool:
         return self.status == 409
 
+    @property
+    def quota_exceeded(self) -> bool:
+        """The namespace's ResourceQuota refused the object: the user's quota, not bind's fault."""
+        return self.status == 403 and "exceeded quota" in self.message
+
     def namespace_missing(self) -> str:
         """The namespace the API server said does not exist ('' when this is not that 404)."""
         return self.name if self.status == 404 and self.kind == "namespaces" else ""

@@ -26,6 +26,8 @@ from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import GangSnapshot
 from gpu_scheduler.plugins.gang import gang_size_or_none
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
+from gpu_scheduler.quota import counted as quota_requests_of
+from gpu_scheduler.quota import with_quota_requests_of
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
 
 from . import files, output
@@ -139,6 +141,10 @@ def parser() -> argparse.ArgumentParser:
                              default=os.environ.get("GPU_SCHEDULER_DRA_DEVICE_RULES") or dra.DEFAULT_RULES_TEXT,
                              help="DRA mode: the rules from a map index to a device, as bind's"
                              " GPU_SCHEDULER_DRA_DEVICE_RULES (default: that variable, else the built-in rules)")
+        command.add_argument("--quota", choices=("true", "false"),
+                             default=(os.environ.get("GPU_SCHEDULER_QUOTA") or "true").lower(),
+                             help="whether pinned GPUs count against ResourceQuotas, as bind's and mutate's"
+                             " GPU_SCHEDULER_QUOTA (default: that variable, else %(default)s)")
 
     plan = commands.add_parser(
         "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
@@ -239,7 +245,8 @@ def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
 
 def framework(args) -> Framework:
     """bind's framework, with bind's settings as the flags give them."""
-    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))))
+    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args),
+                                                     args.quota == "true")))
 
 
 def scheduling(cluster, args, pod: dict[str, Any], pdbs=()) -> core.Scheduling:
@@ -295,6 +302,8 @@ def admitted(row: core.Row, cluster) -> dict[str, Any]:
     if live is not None and (live.get("metadata") or {}).get("uid"):
         meta["uid"] = live["metadata"]["uid"]
     pod = {**row.pod_object, "metadata": meta}
+    if live is not None:  # what the API server counted for quotas is the live pod's, not the manifest's
+        pod = with_quota_requests_of(pod, live)
     if row.mode == DRA and not uses_dra(pod):
         pod_spec = dict(pod.get("spec") or {})
         entry = {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(row.pod)}
@@ -337,7 +346,10 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workloads.append(output.workload_dict(document.source, document.number, plan, rows, gang))
+        workload = output.workload_dict(document.source, document.number, plan, rows, gang)
+        if cluster and args.quota == "true":
+            workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
+        workloads.append(workload)
     if not workloads and not errors:
         errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
@@ -402,6 +414,9 @@ def run_explain(args) -> dict[str, Any]:
     answer["placeable"] = decided.placeable
     if uses_dra(pod):
         answer["claim"] = dra_claim(cluster, args, pod, answer.get("index"), placement if node_name else None)
+    if args.quota == "true":
+        answer["quota"] = cluster.gpu_quotas(namespace)
+        answer["counted"] = {k: str(v) for k, v in quota_requests_of(pod).items()}
     return answer
 
 
@@ -462,7 +477,7 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
     try:
         for work in works:
             suggesting.check(work, args.gpus)
-        config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args))
+        config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args), args.quota == "true")
         # A DRA-mode replica, if any, so that the snapshots hold the nodes' slices and every claim's devices.
         first = next((w for w in works if suggesting.dra_mode(w)), works[0])
         sample = suggesting.candidate_pod(first, first.indexes[0], "")

@@ -8,6 +8,7 @@ from gpu_scheduler.plugins import dra
 from gpu_scheduler.fit import NodeInfo
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources import claim_key
+from gpu_scheduler.quota import gpu_quotas
 from gpu_scheduler.records import RECORD_SELECTOR, Record
 
 from kubeapi.errors import APIError
@@ -35,6 +36,7 @@ class Cluster:
         self._claims: list[dict] | None = None
         self._records: dict[str, list[Record]] = {}
         self._dra: DraSupport | None = None
+        self._quotas: dict[str, list[dict[str, str]]] = {}
 
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
@@ -65,6 +67,12 @@ class Cluster:
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _or_none(self.api.read_pod, namespace, name)
+
+    def gpu_quotas(self, namespace: str) -> list[dict[str, str]]:
+        """The namespace's ResourceQuotas on GPUs and their use (quota.gpu_quotas), read once."""
+        if namespace not in self._quotas:
+            self._quotas[namespace] = gpu_quotas(self.api.list_resource_quotas(namespace))
+        return self._quotas[namespace]
 
     def events(self, pod: dict[str, Any]) -> list[dict]:
         meta = pod.get("metadata") or {}

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import yaml
 
 from gpu_scheduler.plan import RETRIED_ANYWAY, Gang, Row, Scheduling, WorkloadPlan, counted
+from gpu_scheduler.quota import quota_text
 
 from .files import shown
 
@@ -140,6 +141,7 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
             out += [line + "\n" for line in gang_lines(gang)]
         for warning in work["warnings"]:
             out.append(f"  warning: {warning['message']}\n")
+        out += [f"  quota: {quota_text(q)}\n" for q in work.get("quota", ())]
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 
@@ -206,6 +208,10 @@ def explain_table(answer: dict[str, Any]) -> str:
         if verdict["message"] != answer["scheduling"]["message"]:
             lines.append(f"  the gang: {verdict['message']}" if verdict["reason"] == "Bind" else
                          f"  the gang waits, refused by {verdict['plugin']}: {verdict['message']}")
+    if "quota" in answer:
+        counted_as = ", ".join(f"{k}: {v}" for k, v in answer["counted"].items()) or "nothing"
+        lines.append(f"Quota:          the pod requests {counted_as}")
+        lines += [f"  {quota_text(q)}" for q in answer["quota"]] or ["  no ResourceQuota of the namespace bounds GPUs"]
     decided = answer["scheduling"]
     if decided["action"] == "wait":
         lines.append(f"Scheduling:     waits in bind's queue, refused by {decided['plugin']}: {decided['message']}")

@@ -34,6 +34,7 @@ from .nodes import Nodes, node_addresses
 PYTHON = sys.executable
 WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
+MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 
 
 class LocalStack:
@@ -118,6 +119,7 @@ class LocalStack:
         self.webhook_ca = pki.make_ca(d, "webhook-ca")
         self.mutate_cert = pki.make_cert(d, "mutate", self.webhook_ca, "/CN=mutate",
                                          sans=("IP:127.0.0.1", "DNS:localhost"))
+        self.mutate_kubeconfig = self._account_kubeconfig(MUTATE_ACCOUNT)
         self.mutate_process = self._spawn_mutate()
 
     @staticmethod
@@ -138,7 +140,8 @@ class LocalStack:
         name = "mutate" if self._mutates == 1 else f"mutate-{self._mutates}"
         own = free_port()
         self.cp._spawn(name, self.mutate_command([f"127.0.0.1:{self.mutate_port}", f"127.0.0.1:{own}"], self.mutate_cert),
-                       env=self._function_env(DRAIN_SECONDS=str(self.mutate_drain_seconds)))
+                       env=self._function_env(DRAIN_SECONDS=str(self.mutate_drain_seconds),
+                                              KUBECONFIG=str(self.mutate_kubeconfig)))
         context = ssl.create_default_context(cafile=str(self.webhook_ca[1]))
         self.cp._wait(name, lambda: self._get(f"https://127.0.0.1:{own}/health/readiness", context) == 200,
                       "/health/readiness")
@@ -250,9 +253,13 @@ class LocalStack:
 
     def _bind_kubeconfig(self) -> Path:
         """bind runs as its own ServiceAccount, with a bound token of it."""
+        return self._account_kubeconfig(BIND_ACCOUNT)
+
+    def _account_kubeconfig(self, account: tuple[str, str]) -> Path:
+        """A kubeconfig with a bound token of one of knative/rbac.yaml's ServiceAccounts (applied first)."""
         self._apply_accounts()
-        token = self.cp.service_account_token(*BIND_ACCOUNT)
-        path = self.cp.workdir / "bind.kubeconfig"
+        token = self.cp.service_account_token(*account)
+        path = self.cp.workdir / f"{account[1]}.kubeconfig"
         path.write_text(self.cp.kubeconfig_text(user={"token": token}))
         return path
 

@@ -27,6 +27,7 @@ LABEL_ONLY = [{"op": "add", "path": "/metadata/labels", "value": {"gpu-scheduler
 MANAGED = "gpu-scheduler/managed"
 CVD, CDO = "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"
 V1, V1BETA1 = "admission.k8s.io/v1", "admission.k8s.io/v1beta1"
+GPU = "gpu-scheduler.io/gpu"
 
 
 # --------------------------------------------------------------------------- builders
@@ -85,6 +86,12 @@ def admit(pod, **review_args):
     patch = decode_patch(response) if "patch" in response["response"] else []
     assert patch == list(decision.patch)
     return response, decision, apply_patch(pod, patch)
+
+
+def counted_gpus(n, product=None):
+    """The resources mutate gives the first container of a pod pinning n GPUs (of GPU type `product`)."""
+    wanted = {GPU: str(n), **({f"product.gpu-scheduler.io/{product}": str(n)} if product else {})}
+    return {"requests": dict(wanted), "limits": dict(wanted)}
 
 
 def env_of(pod, field="containers", i=0):
@@ -179,9 +186,14 @@ def test_captured_admission_review():
         {"name": CDO, "value": "PCI_BUS_ID"},
     ]
     assert patched["metadata"]["labels"] == {**pod["metadata"]["labels"], MANAGED: "true"}
+    # The one GPU of its entry, counted for the namespace's ResourceQuota (node unknown: no GPU type).
+    resources = patched["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {**pod["spec"]["containers"][0]["resources"].get("requests", {}), GPU: "1"}
+    assert resources["limits"] == {**pod["spec"]["containers"][0]["resources"].get("limits", {}), GPU: "1"}
     # nothing else changed
     for changed in (patched, pod):
         del changed["spec"]["containers"][0]["env"]
+        del changed["spec"]["containers"][0]["resources"]
         del changed["metadata"]["labels"]
     assert patched == pod
 
@@ -298,7 +310,8 @@ def test_container_lists_that_are_not_lists_are_skipped(containers):
                  {MANAGED: "true"}, id="labels not an object"),
 ])
 def test_managed_label(labels, expected_ops, expected):
-    pod = make_pod("web-1", containers=[container(env=injected("2"))], labels=labels)
+    # A pod with everything else mutate sets already (its env, its counted GPU): only the label is added.
+    pod = make_pod("web-1", containers=[container(env=injected("2"), resources=counted_gpus(1))], labels=labels)
     if labels is None:
         assert "labels" not in pod["metadata"]
     _, decision, patched = admit(pod)
@@ -657,7 +670,7 @@ def test_env_modes_add_no_claims():
     for mode in ("cuda", "nvidia"):
         pod = make_pod(annotations={"gpu-scheduler/device-env": mode})
         _, _, patched = admit(pod)
-        assert "resourceClaims" not in patched["spec"] and "resources" not in patched["spec"]["containers"][0]
+        assert "resourceClaims" not in patched["spec"] and "claims" not in patched["spec"]["containers"][0]["resources"]
 
 
 def test_device_env_in_dra_mode():

@@ -138,8 +138,7 @@ def test_rbac_is_permissions(helm, values):
     namespace = install_namespace(docs)
     assert account_grants("bind", docs, namespace) == {"cluster": permissions.BIND, namespace: permissions.BIND_RECORDS}
     assert account_grants("pod-events", docs, namespace) == {"cluster": permissions.EVENT_SOURCE}
-    assert account_grants("mutate", docs, namespace) == {}
-    assert find(docs, "ServiceAccount", "mutate")["automountServiceAccountToken"] is False
+    assert account_grants("mutate", docs, namespace) == {"cluster": permissions.MUTATE}
     for ksvc, account in (("bind", "bind"), ("mutate", "mutate")):
         assert find(docs, "Service", ksvc)["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert find(docs, "ApiServerSource", "pod-events")["spec"]["serviceAccountName"] == "pod-events"

@@ -26,6 +26,8 @@ RESOURCE = {
     "read_pod": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name],
     "patch_pod_status": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name, "status"],
     "read_node": lambda ns, name: ["api", "v1", "nodes", name],
+    "patch_node_status": lambda ns, name: ["api", "v1", "nodes", name, "status"],
+    "list_resource_quotas": lambda ns, name: ["api", "v1", "namespaces", ns, "resourcequotas"],
     "create_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],
     "read_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events", name],
     "patch_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events", name],
@@ -127,7 +129,7 @@ def test_any_name_stays_in_its_segment(method, namespace, name):
     assert segments(url) == RESOURCE[method](namespace, name), url
 
 
-@pytest.mark.parametrize("method", ["bind", "read_pod", "read_node", "read_event"])
+@pytest.mark.parametrize("method", ["bind", "read_pod", "read_node", "read_event", "patch_node_status"])
 def test_an_empty_name_is_refused_not_turned_into_a_list(method):
     client, pool = kube()
     with pytest.raises(ValueError):

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from conftest import FunctionServer, sample
+from jsonpatch import apply_patch
 
 REVIEW = "admissionreview-v1-create-gpu-scheduler-check-3.json"
 ADD = "apiserversource-add-gpu-scheduler-check-0.json"
@@ -49,10 +50,14 @@ def test_mutate_places_the_captured_request(mutate_server):
     assert result["response"]["uid"] == review["request"]["uid"]
     assert result["response"]["allowed"] is True
     assert result["response"]["patchType"] == "JSONPatch"
-    env_op, label_op = patch_of(result)
+    requests_op, limits_op, env_op, label_op = patch_of(result)
     assert env_op["path"] == "/spec/containers/0/env"
     assert {"name": "CUDA_VISIBLE_DEVICES", "value": "3"} in env_op["value"]
     assert env_op["value"][0]["name"] == "NODE_NAME"  # the downward-API variable is kept
+    # The one GPU it pins, counted for quotas (this mutate has no API server: no GPU type).
+    assert requests_op == {"op": "add", "path": "/spec/containers/0/resources/requests",
+                           "value": {"gpu-scheduler.io/gpu": "1"}}
+    assert limits_op == {**requests_op, "path": "/spec/containers/0/resources/limits"}
     assert label_op == {"op": "add", "path": "/metadata/labels/gpu-scheduler~1managed", "value": "true"}
 
 
@@ -102,9 +107,7 @@ def test_mutate_answers_dry_run_the_same(mutate_server):
 
 def test_mutate_is_reinvocation_safe(mutate_server):
     review = sample(REVIEW)
-    env_op, label_op = patch_of(answer(mutate_server, review))
-    review["request"]["object"]["spec"]["containers"][0]["env"] = env_op["value"]
-    review["request"]["object"]["metadata"]["labels"]["gpu-scheduler/managed"] = "true"
+    review["request"]["object"] = apply_patch(review["request"]["object"], patch_of(answer(mutate_server, review)))
     assert "patch" not in answer(mutate_server, review)["response"]
 
 

@@ -162,7 +162,7 @@ def test_metadata_validator_catches_a_typo():
     ("StatefulSet", "gpu-scheduler-check", "spec.template.spec.schedulerName", "schedulername"),
     ("MutatingWebhookConfiguration", "gpu-scheduler", "webhooks.0.matchConditions", "matchCondition"),
     ("ClusterRoleBinding", "gpu-scheduler-bind", "roleRef.apiGroup", "apigroup"),
-    ("ServiceAccount", "mutate", "automountServiceAccountToken", "automountServiceAccountTokens"),
+    ("ServiceAccount", "pod-events", "metadata.namespace", "metadata.namespce"),
 ])
 def test_core_validator_catches_a_typo(kind, name, path, typo):
     doc = find(kind, name)
@@ -247,11 +247,10 @@ def test_event_source_is_granted_exactly_permissions_event_source():
     assert account_grants(source["spec"]["serviceAccountName"]) == {"cluster": permissions.EVENT_SOURCE}
 
 
-def test_mutate_is_granted_nothing():
+def test_mutate_is_granted_exactly_permissions_mutate():
     account = ksvc("mutate")["spec"]["template"]["spec"]["serviceAccountName"]
     assert account == func_yaml("mutate")["deploy"]["serviceAccountName"]
-    assert account_grants(account) == {}
-    assert find("ServiceAccount", account)["automountServiceAccountToken"] is False
+    assert account_grants(account) == {"cluster": permissions.MUTATE}
 
 
 def test_rbac_binds_only_our_accounts_and_roles_only_in_our_namespace():

@@ -4,9 +4,10 @@ that names the refusing plugin (annotation gpu-scheduler/plugin); then `kubectl 
 explain` on the pod and `plan --cluster` on a manifest that creates it, run as a user granted
 exactly permissions.PLUGIN, must give the same plugin and message, and say it is not placeable.
 
-One row of the table is left out: `binding to <node>: <API message>` (APIError, Retry) is an
-Event only. It is the API failing bind's own writes, which neither explain nor plan make: they
-have nothing to agree on.
+Two rows of the table are left out: `binding to <node>: <API message>` (APIError, Retry) is an
+Event only, and so is a ResourceClaim refused by the namespace's device-class quota
+(DynamicResources, QuotaExceeded; tests/test_quota_cluster.py shows it). Both are the API refusing
+bind's own writes, which neither explain nor plan make: they have nothing to agree on.
 
 Each row's situation is in place before its pod is created, so that bind's first answer is the
 row's, except "the pod's claim allocated elsewhere": the claim must be owned by the pod, whose UID
@@ -76,6 +77,7 @@ PLUGINS = {
     "DynamicResources-allocated-in-another-claim": "DynamicResources",
     "DynamicResources-no-matching-device": "DynamicResources",
     "DynamicResources-claim-allocated-elsewhere": "DynamicResources",
+    "GPUQuota": "GPUQuota",
 }
 
 
@@ -357,6 +359,20 @@ def dra_claim_allocated_elsewhere(s: Situation) -> Pending:
                    " delete the claim to place the pod again")
 
 
+def counted_for_less(s: Situation) -> Pending:
+    """A pending pod (its node missing) counted for 1 GPU, its map then edited to pin 4."""
+    node = s.node()
+    pod = s.apply(pod_manifest(s.namespace, "w-0", f"0=gone-{s.uniq}:0\n"))
+    binds_event(s, Pending(s.namespace, "w-0", pod, f"node gone-{s.uniq} does not exist"))
+    pod["metadata"]["annotations"]["gpu-scheduling-map"] = f"0={node}:0,1,2,3\n"
+    s.stack.api.patch_namespaced_pod("w-0", s.namespace, {"metadata": {"annotations": pod["metadata"]["annotations"]}})
+    return Pending(s.namespace, "w-0", pod,
+                   f"its map entry pins 4 GPU(s) on node {node}, counted for the namespace's ResourceQuota as"
+                   " gpu-scheduler.io/gpu: 4 (it requests 1); the pod was created with less (its map annotation"
+                   " changed since, it was created without gpu-scheduler's webhook, or the node's GPU type was not"
+                   " known then): delete the pod, and its controller creates it again, counted")
+
+
 SITUATIONS = {
     "NoMapEntry": no_map_entry,
     "MalformedMap": malformed_map,
@@ -377,6 +393,7 @@ SITUATIONS = {
     "DynamicResources-allocated-in-another-claim": dra_allocated_in_another_claim,
     "DynamicResources-no-matching-device": dra_no_matching_device,
     "DynamicResources-claim-allocated-elsewhere": dra_claim_allocated_elsewhere,
+    "GPUQuota": counted_for_less,
 }
 assert SITUATIONS.keys() == PLUGINS.keys()
 

@@ -11,7 +11,7 @@ from gpu_scheduler import permissions
 
 NAMESPACE = "gpu-scheduler"  # the accounts' own namespace
 # Granted in every namespace (ClusterRoles), and in the accounts' own namespace only (Roles).
-CLUSTER = {"bind": permissions.BIND, "pod-events": permissions.EVENT_SOURCE, "mutate": frozenset()}
+CLUSTER = {"bind": permissions.BIND, "pod-events": permissions.EVENT_SOURCE, "mutate": permissions.MUTATE}
 OWN_NAMESPACE = {"bind": permissions.BIND_RECORDS, "pod-events": frozenset(), "mutate": frozenset()}
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 FORBIDDEN = [

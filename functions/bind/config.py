@@ -52,9 +52,13 @@ class BindConfig:
         text = env.get("RESYNC_CONCURRENCY", "8")
         if not text.isdigit() or not 1 <= int(text) <= 256:
             raise ConfigError(f"RESYNC_CONCURRENCY: {text[:20]!r} is not a number of workers from 1 to 256")
+        quota = env.get("GPU_SCHEDULER_QUOTA", "true").lower()
+        if quota not in ("true", "false"):
+            raise ConfigError(f"GPU_SCHEDULER_QUOTA: {quota[:20]!r}: expected true or false (as for mutate)")
         return cls(
             scheduler=SchedulerConfig(own_namespace(env),
-                                      env.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS, rules),
+                                      env.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS, rules,
+                                      quota == "true"),
             dra_enabled=env.get("GPU_SCHEDULER_DRA", "true").lower() != "false",
             workers=int(text),
             identity=env.get("HOSTNAME") or socket.gethostname(),

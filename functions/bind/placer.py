@@ -37,6 +37,7 @@ from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
+from advertiser import NodeAdvertiser
 from config import BindConfig, ConfigError
 from handle import AttemptHandle
 from metrics import ATTEMPT_DURATION, PREEMPTION_ATTEMPTS, SCHEDULE_ATTEMPTS
@@ -144,6 +145,10 @@ class Placer:
         with self._start_lock:
             if self._started:
                 return
+            if self.config.scheduler.quota:
+                advertiser = NodeAdvertiser(self.api)
+                advertiser.start()
+                self.views.on_node = advertiser.offer  # before the node watch lists: every node is offered
             self.views.start()
             for n in range(self.config.workers):
                 threading.Thread(target=self._work, name=f"placer-{n}", daemon=True).start()

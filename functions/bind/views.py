@@ -115,6 +115,7 @@ class Views:
         # node -> a number that changes with every change of the node, its pods (assumed ones too),
         # its records or its slices: an attempt assumes its pod only on the node it decided on.
         self._generation: dict[str, int] = {}
+        self.on_node: Callable[[Mapping[str, Any]], None] | None = None  # each node added or changed (quotas)
         # Pods seen deleted, most recent last: a record written for one of them holds nothing.
         self.gone: OrderedDict[str, None] = OrderedDict()
         self.informers = [
@@ -570,6 +571,8 @@ class Views:
                 self._changed(name)
             self._nodes = nodes
         for name in changed:
+            if self.on_node:
+                self.on_node(nodes[name])
             self.queue.cluster_event(NODE_ADD, name)
             self.queue.cluster_event(NODE_UPDATE, name)
 
@@ -586,6 +589,8 @@ class Views:
                 return
             self._nodes[name] = view
             self._changed(name)
+        if self.on_node:
+            self.on_node(view)
         self.queue.cluster_event(NODE_ADD if before is None else NODE_UPDATE, name)
 
     # -- device records ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from flask import Request
 from gpu_scheduler import draining, fastpath, jsonlog
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
+from nodeproduct import NodeProducts
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
 # The API server waits timeoutSeconds (5 s, knative/webhook.yaml) for the answer. A body still
@@ -45,6 +46,13 @@ log = logging.getLogger("mutate")
 DEVICE_ENV_MODE = os.environ.get("DEVICE_ENV_MODE", CUDA)
 if DEVICE_ENV_MODE not in MODES:
     raise SystemExit(f"DEVICE_ENV_MODE={DEVICE_ENV_MODE!r}: expected one of {', '.join(MODES)}")
+# Pinned GPUs count against the namespace's ResourceQuota (gpu_scheduler/quota.py); "false" turns
+# it off (the pods then request nothing for their GPUs, and no quota bounds them).
+QUOTA = os.environ.get("GPU_SCHEDULER_QUOTA", "true").lower()
+if QUOTA not in ("true", "false"):
+    raise SystemExit(f"GPU_SCHEDULER_QUOTA={QUOTA!r}: expected true or false")
+QUOTA_ON = QUOTA == "true"
+node_products = NodeProducts.from_environment() if QUOTA_ON else NodeProducts(None)
 DECISIONS = prom.Counter("gpu_scheduler_admission_decisions_total", "Admission decisions", ["allowed", "reason"])
 ERRORS = prom.Counter("gpu_scheduler_admission_errors_total", "Rejected requests", ["status"])
 # _duration_seconds, as the API server's own apiserver_admission_webhook_admission_duration_seconds.
@@ -114,7 +122,7 @@ def _decide(raw: bytes, started: float, deadline: float):
         return _error(400, f"malformed {kind}: {str(error)[:500]}")
     if late := _past(deadline):
         return late
-    decision = decide(review, DEVICE_ENV_MODE)
+    decision = decide(review, DEVICE_ENV_MODE, QUOTA_ON, node_products)
     elapsed = time.perf_counter() - started
     DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
     LATENCY.observe(elapsed)

@@ -10,6 +10,7 @@ from ..plugins.defaultbinder import DefaultBinder
 from ..plugins.defaultpreemption import DefaultPreemption
 from ..plugins.dynamicresources import DynamicResources
 from ..plugins.gang import Gang
+from ..plugins.gpuquota import GPUQuota
 from ..plugins.gpusheld import GPUsHeld
 from ..plugins.mapentry import MapEntry
 from ..plugins.nodeaffinity import NodeAffinity
@@ -29,7 +30,7 @@ from .interface import (
 # Every plugin class of the profile: their names and events are known without a configuration.
 PLUGINS: tuple[type[Plugin], ...] = (
     MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity, NodeAffinity, NodePorts,
-    NodeResourcesFit, GPUsHeld, DynamicResources, Gang, DefaultPreemption, DefaultBinder,
+    NodeResourcesFit, GPUQuota, GPUsHeld, DynamicResources, Gang, DefaultPreemption, DefaultBinder,
 )
 
 
@@ -54,7 +55,7 @@ def default_profile(config: SchedulerConfig) -> Profile:
     node_exists, gpus_held, dynamic, gang = NodeExists(), GPUsHeld(), DynamicResources(config), Gang()
     # NodeExists first: the filters after it read the node.
     filters = (node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
-               NodePorts(), NodeResourcesFit(), gpus_held, dynamic)
+               NodePorts(), NodeResourcesFit(), GPUQuota(config.quota), gpus_held, dynamic)
     return Profile(
         pre_filter=(MapEntry(), gang, dynamic),
         filter=filters,

@@ -28,6 +28,7 @@ from .mapentry import resolved
 NAME = "DynamicResources"
 WANTED = "DynamicResources/wanted"  # CycleState: the dra.Wanted filter decided, None for a pod not in DRA mode
 ALLOCATED = "DynamicResources/allocated"  # CycleState: the claim as this attempt's PreBind allocated it
+QUOTA_EXCEEDED = "QuotaExceeded"  # the reason of a claim the namespace's ResourceQuota refused
 CLAIM_TRIES = 5  # writes of one pod's claim in one attempt (a create, the finalizer, the status; 409s)
 
 
@@ -131,6 +132,10 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
                         state.write(ALLOCATED, claim)
                 continue
             except APIError as failure:
+                if failure.quota_exceeded:
+                    # The namespace's device-class quota (requests by DeviceClass, 1.34): the API
+                    # server's own words; a claim of the namespace deleted (CLAIM_DELETE) frees it.
+                    return unschedulable(NAME, f"creating {what}: {failure.message}", QUOTA_EXCEEDED)
                 if not failure.conflict:
                     return api_failure(NAME, f"writing {what}", failure)
             try:  # another writer was first: the claim as it is now
