@@ -33,6 +33,9 @@ BIND = frozenset({
     ("resource.k8s.io", "resourceclaims", "update"),         # its finalizer, before allocating
     ("resource.k8s.io", "resourceclaims/status", "update"),  # its allocation and reservation for the pod
 })
+# What bind uses only with quotas on (GPU_SCHEDULER_QUOTA; the chart's quota.enabled): the chart grants
+# it only then, and mutate (MUTATE) then nothing at all.
+BIND_QUOTA = frozenset({("", "nodes/status", "patch")})
 # bind's device records: one Lease per node and device, in bind's own namespace only (a Role).
 BIND_RECORDS = frozenset({
     ("coordination.k8s.io", "leases", "get"),     # the record another instance wrote first

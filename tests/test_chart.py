@@ -136,9 +136,13 @@ def test_rendered_objects_validate(helm, values):
 def test_rbac_is_permissions(helm, values):
     docs = render(helm, values)
     namespace = install_namespace(docs)
-    assert account_grants("bind", docs, namespace) == {"cluster": permissions.BIND, namespace: permissions.BIND_RECORDS}
+    quota = values_of(values).get("quota", {}).get("enabled", True)
+    bind = permissions.BIND if quota else permissions.BIND - permissions.BIND_QUOTA
+    assert account_grants("bind", docs, namespace) == {"cluster": bind, namespace: permissions.BIND_RECORDS}
     assert account_grants("pod-events", docs, namespace) == {"cluster": permissions.EVENT_SOURCE}
-    assert account_grants("mutate", docs, namespace) == {"cluster": permissions.MUTATE}
+    assert account_grants("mutate", docs, namespace) == ({"cluster": permissions.MUTATE} if quota else {})
+    assert find(docs, "ServiceAccount", "mutate").get("automountServiceAccountToken", True) is quota, \
+        "mutate's pods get a token only when they make API calls"
     for ksvc, account in (("bind", "bind"), ("mutate", "mutate")):
         assert find(docs, "Service", ksvc)["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert find(docs, "ApiServerSource", "pod-events")["spec"]["serviceAccountName"] == "pod-events"
@@ -188,6 +192,14 @@ def test_custom_values_reach_the_objects(helm):
     certificate = find(docs, "Certificate", "gpu-mutate")
     assert certificate["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corporate-ca"}
     assert not [doc for doc in docs if doc["kind"] == "Issuer"], "a given issuer: no CA of our own"
+
+
+@pytest.mark.parametrize("values, quota", [("default", "true"), ("nvidia", "false")])
+def test_quota_setting_reaches_mutate_and_bind(helm, values, quota):
+    docs = render(helm, values)
+    assert env(containers(docs, "bind")["bind"])["GPU_SCHEDULER_QUOTA"] == quota
+    for container in containers(docs, "mutate").values():
+        assert env(container)["GPU_SCHEDULER_QUOTA"] == quota
 
 
 @pytest.mark.parametrize("values, mode", [("default", "cuda"), ("nvidia", "nvidia")])

@@ -78,6 +78,8 @@ securityContext:
   value: {{ .Values.logLevel | quote }}
 - name: DEVICE_ENV_MODE
   value: {{ .Values.deviceEnvMode | quote }}
+- name: GPU_SCHEDULER_QUOTA
+  value: {{ .Values.quota.enabled | quote }}
 # gunicorn's workers and threads (gpu_scheduler/gunicorn_config.py reads them, as functions-framework does)
 - name: WORKERS
   value: {{ .Values.mutate.workers | quote }}
