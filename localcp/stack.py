@@ -280,7 +280,10 @@ class LocalStack:
         else:
             argv = [PYTHON, "-m", "functions_framework", "--target", "bind", "--source", source,
                     "--host", "127.0.0.1", "--port", str(port)]
-        self.cp._spawn(name, argv, env={**self._function_env(KUBECONFIG=str(kubeconfig or self.bind_kubeconfig)),
+        # Without the webhook no pod carries the quota requests mutate adds, and GPUQuota would
+        # refuse every one: such a stack is one without quotas (GPU_SCHEDULER_QUOTA=false).
+        quota = {} if self.webhook else {"GPU_SCHEDULER_QUOTA": "false"}
+        self.cp._spawn(name, argv, env={**self._function_env(KUBECONFIG=str(kubeconfig or self.bind_kubeconfig), **quota),
                                         "PYTHONPATH": str(tree)},
                        cwd=str(tree))  # `python -m` puts the working directory first on sys.path: the tree's core, not ours
         url = f"http://127.0.0.1:{port}"
