@@ -130,6 +130,13 @@ class PostFilterPlugin(Plugin):
                     cluster: "Cluster") -> Status:
         raise NotImplementedError
 
+    def post_filter_gang(self, refused: "Sequence[tuple[CycleState, Pod, NodeSnapshot, Status]]",
+                         cluster: "Cluster") -> "tuple[Status, int | None]":
+        """A gang's refused members (each with its decision's state, node and refusal), all acted
+        for or none: the status, and the index of the member nothing here can help (the gang waits
+        on its events). SKIP: the plugin does nothing for gangs."""
+        return SKIP, None
+
 
 class ReservePlugin(Plugin):
     def reserve(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: "Cluster") -> Status:

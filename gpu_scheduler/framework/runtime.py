@@ -282,11 +282,10 @@ class Framework:
                 any(m.decision.node is None or not m.decision.status.refused for m in refused):
             return refusal, "", None
         for plugin in self.profile.post_filter:
-            gang_preemption = getattr(plugin, "post_filter_gang", None)
-            if gang_preemption is None:
+            status, blocked = plugin.post_filter_gang([(m.decision.state, m.pod, m.decision.node, m.decision.status)
+                                                       for m in refused], cluster)
+            if status.code is Code.SKIP:
                 continue
-            status, blocked = gang_preemption([(m.decision.state, m.pod, m.decision.node, m.decision.status)
-                                               for m in refused], cluster)
             if status.code is Code.ERROR:
                 return status, "Error", None
             if status.message:
