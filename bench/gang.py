@@ -20,7 +20,7 @@ import statistics
 
 from kubernetes import client
 
-from bench import framework, run as bench_run, scale  # modules: bench.run imports this one
+from bench import framework, namespace_name, run as bench_run, scale  # modules: bench.run imports this one
 from localcp.stack import LocalStack
 
 REPLICAS = 100
@@ -31,7 +31,7 @@ GOAL = "<= 1.2"
 
 def one_run(stack: LocalStack, replicas: int, gang: bool) -> dict:
     """One StatefulSet of `replicas` created, until every pod was seen bound; its timings (s)."""
-    namespace = stack.create_namespace(f"bench-{next(bench_run._namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     manifest = bench_run.statefulset(namespace, replicas)
     if gang:
         manifest["spec"]["template"]["metadata"]["annotations"][GANG] = "true"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import framework, gang, hostile, quota, scale, soak
+from bench import framework, gang, hostile, namespace_name, quota, scale, soak
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -56,11 +56,8 @@ def parallel(fn, items, workers: int) -> float:
     return time.perf_counter() - started
 
 
-_namespaces = iter(range(10**6))
-
-
 def pending_pods(stack: LocalStack, n: int, map_text: str) -> list[dict]:
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     created = []
 
     def create(i):
@@ -232,7 +229,7 @@ def create_to_bound(stack: LocalStack, n: int, placed_by: str, map_text: str | N
     pod was seen bound (bench/profile.py's meter).
     after_bound: called once every pod was seen bound, before they are deleted (the timing is
     already taken: bench.framework waits there for bind to be quiet, to read its CPU)."""
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     map_text = map_text or map_for(n)
     if dra and placed_by == "kube-scheduler":
         stack.cp.request("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
@@ -407,7 +404,7 @@ def dra_rows(d: dict) -> list[str]:
 
 # -- 2. admission overhead --------------------------------------------------------------------
 def create_latencies(stack: LocalStack, n: int, map_text: str) -> list[float]:
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     latencies = []
     for i in range(n):
         started = time.perf_counter()
@@ -462,7 +459,7 @@ def statefulset(namespace: str, replicas: int) -> dict:
 
 
 def statefulset_end_to_end(stack: LocalStack, replicas: int) -> dict:
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     manifest = statefulset(namespace, replicas)
     started = time.perf_counter()
     stack.apply(manifest)
@@ -513,7 +510,7 @@ NODE_PROCESSES = ("kubelet", "containerd", "containerd-shim")
 def seed_on_real_nodes(stack: LocalStack) -> dict:
     """check/statefulset.yaml as shipped, in a fresh namespace: from its creation to each replica
     bound, and to the fifth replica Running (its container started by its node's kubelet)."""
-    namespace = stack.create_namespace(f"bench-{next(_namespaces)}")
+    namespace = stack.create_namespace(namespace_name())
     manifest = __import__("yaml").safe_load((REPO / "check" / "statefulset.yaml").read_text())
     manifest["metadata"]["namespace"] = namespace
     started = time.perf_counter()
