@@ -12,7 +12,15 @@ kube-scheduler deletes its victims, bind evicts them through the Eviction API; t
 kubelet, so a victim stays Terminating (its grace period is 30 s) either way. Victims are compared
 as the pods that got a deletionTimestamp on each twin, by name without the twin's prefix (the
 start times are distinct, so kube-scheduler's choice among pods of equal priority is not left to
-chance: it gives back the longest-running first, util.MoreImportantPod)."""
+chance: it gives back the longest-running first, util.MoreImportantPod). The sets are read once
+both preemptors' FailedScheduling Events exist (bind writes its own after its evictions) and
+wait until they agree, 20 s at most; kube-scheduler deletes its victims in a goroutine, in
+parallel but for the last.
+
+Not compared here, because the two differ on purpose: a victim whose PodDisruptionBudget allows no
+disruption. kube-scheduler prefers other victims but deletes it when it must; bind evicts through
+the Eviction API, which keeps the budget, and so preempts nobody (README, "Priority and preemption";
+test_preemption_cluster.py's PodDisruptionBudget case)."""
 from __future__ import annotations
 
 import json
