@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from functools import lru_cache
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -212,6 +213,9 @@ class PodInfo:
     terminating: bool = False
     gang: bool = False
     grace_seconds: int = 30  # spec.terminationGracePeriodSeconds: how long an eviction may take
+    # status.startTime (epoch seconds): of two victims of equal priority the longer-running is the more
+    # important, as kube-scheduler's util.MoreImportantPod; a pod not started counts as started now.
+    started: float = math.inf
 
 
     @classmethod
@@ -222,12 +226,23 @@ class PodInfo:
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                    bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
-                   _grace_seconds(pod))
+                   _grace_seconds(pod), _start_time(pod))
 
 
 def _grace_seconds(pod: Mapping[str, Any]) -> int:
     value = spec(pod).get("terminationGracePeriodSeconds")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 30
+
+
+def _start_time(pod: Mapping[str, Any]) -> float:
+    status = pod.get("status") if isinstance(pod, Mapping) else None
+    value = status.get("startTime") if isinstance(status, Mapping) else None
+    if not isinstance(value, str):
+        return math.inf
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return math.inf
 
 
 def pod_priority(pod: Mapping[str, Any]) -> int:

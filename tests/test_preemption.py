@@ -96,6 +96,35 @@ def test_the_fewest_victims_the_more_important_pod_reprieved():
     assert names(decide(with_priority(POD, 100), pods)) == ["team-a/a-0", "team-a/b-0"]
 
 
+def test_of_equal_priority_the_longest_running_is_reprieved_first_as_kube_scheduler_does():
+    """kube-scheduler's util.MoreImportantPod: equal priority, the earlier status.startTime is the
+    more important. The newest pod of priority 10 (a-0, whose name comes first) goes, not b-0;
+    by name alone, a-0 would be reprieved and b-0 evicted (the disagreement
+    test_preemption_versus_kube_scheduler.py found)."""
+    def on_node(name: str, priority: int, cpu: str, started: str) -> dict:
+        pod = holder(name, "", priority)
+        pod["metadata"]["annotations"] = {}
+        pod["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]
+        pod["status"]["startTime"] = started
+        return pod
+    node = {"metadata": {"name": "node1"}, "spec": {},
+            "status": {"allocatable": {"cpu": "4", "pods": "4", "nvidia.com/gpu": "4"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    pods = [on_node("a-0", 10, "1", "2026-01-01T00:03:00Z"), on_node("b-0", 10, "250m", "2026-01-01T00:01:00Z"),
+            on_node("c-0", 30, "250m", "2026-01-01T00:00:00Z"), on_node("d-0", 20, "250m", "2026-01-01T00:02:00Z")]
+    preemptor = with_priority(POD, 1000)
+    preemptor["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": "2500m"}}}]
+    state = CycleState()
+    placement = Placement("node1", ("0", "1"))
+    state.write(RESOLVED, Resolved(0, placement, {0: placement}))
+    snapshot = NodeSnapshot("node1", node, NodeInfo.of(pods), records={}, now=time.time())
+    refusal = unschedulable("NodeResourcesFit", "Insufficient cpu")
+    assert names(select_victims(preemptor, snapshot, refusal, state, FILTERS)) == ["team-a/a-0"]
+    pods[0]["status"].pop("startTime")  # not started: as if started now, the least important still
+    snapshot = NodeSnapshot("node1", node, NodeInfo.of(pods), records={}, now=time.time())
+    assert names(select_victims(preemptor, snapshot, refusal, state, FILTERS)) == ["team-a/a-0"]
+
+
 def test_a_gang_member_goes_only_with_its_whole_gang():
     member = holder("g-0", "1", 0, owner="g", gang=True)
     elsewhere = PodInfo.of({**holder("g-1", "0", 0, owner="g", gang=True), "spec": {"nodeName": "node2",

@@ -105,6 +105,10 @@ class _Unit:
         return self.here[0].name
 
     @property
+    def started(self) -> float:
+        return min(p.started for p in self.here)
+
+    @property
     def pods(self) -> tuple[PodInfo, ...]:
         return self.here + tuple(v.info for v in self.elsewhere)
 
@@ -246,9 +250,10 @@ def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, 
                                 f" ({', '.join(f'{p.name}: {p.priority}' for p in kept[:3])}"
                                 f"{', ...' if len(kept) > 3 else ''})", quiet=priority == 0)
         return NoPreemption(f"no other pod on {node.name} to preempt", quiet=priority == 0)
-    # kube-scheduler's selectVictimsOnNode: the most important first (higher priority, then name),
-    # those a PodDisruptionBudget protects tried first for a reprieve.
-    units.sort(key=lambda u: (-u.priority, u.name))
+    # kube-scheduler's selectVictimsOnNode: the most important first (util.MoreImportantPod: higher
+    # priority, then the earlier status.startTime; the name where those tie), those a
+    # PodDisruptionBudget protects tried first for a reprieve.
+    units.sort(key=lambda u: (-u.priority, u.started, u.name))
     violating = _violations(units, pdbs)
     removed = {p.uid: p for p in every}
     victims: list[_Unit] = []
