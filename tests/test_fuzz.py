@@ -10,10 +10,11 @@ import json
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import sample
+from gpu_scheduler.quota import is_quota_resource
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 REVIEW = sample("admissionreview-v1-create-gpu-scheduler-check-3.json")
@@ -81,9 +82,28 @@ containers = st.lists(st.fixed_dictionaries({"name": st.text(max_size=5)}, optio
                                           optional={"value": st.text(max_size=10)}), max_size=4)}), max_size=3)
 
 
+def assert_only_quota_requests(op: dict) -> None:
+    """mutate's other write: the quota requests and limits of the first container (gpu_scheduler/
+    quota.py), each a count, and nothing of the container's own resources changed."""
+    def counts(value) -> None:
+        assert isinstance(value, dict) and all(is_quota_resource(k) and str(v).isdigit() for k, v in value.items()), op
+    path, value = op["path"].removeprefix("/spec/containers/0/resources"), op["value"]
+    if path == "":
+        assert value == {} or set(value) == {"requests", "limits"}, op
+        for kind in value.values():
+            counts(kind)
+    elif path in ("/requests", "/limits"):
+        counts(value)
+    else:
+        kind, _, name = path.lstrip("/").partition("/")
+        assert kind in ("requests", "limits") and is_quota_resource(name.replace("~1", "/")), op
+        assert str(value).isdigit(), op
+
+
 @SETTINGS
 @given(map_lines, st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2), containers,
        st.sampled_from(["w-0", "w-3", "w", "", "w-12"]), st.sampled_from([None, "cuda", "nvidia", "x"]))
+@example(["0=0:0"], {}, [{"name": ""}], "w-0", None)  # found by CI: a placed pod's quota requests
 def test_mutate_only_writes_what_it_owns(clients, lines, labels, pods_containers, name, mode):
     annotations = {"gpu-scheduling-map": "\n".join(lines)}
     if mode:
@@ -100,6 +120,9 @@ def test_mutate_only_writes_what_it_owns(clients, lines, labels, pods_containers
         assert op["op"] == "add"
         if op["path"].startswith("/metadata/labels"):
             assert op["value"] in ("true", {"gpu-scheduler/managed": "true"})
+            continue
+        if op["path"].startswith("/spec/containers/0/resources"):
+            assert_only_quota_requests(op)
             continue
         index = int(re.fullmatch(r"/spec/containers/(\d+)/env", op["path"]).group(1))
         before = [v for v in pods_containers[index].get("env", []) if v["name"] not in OWNED]
