@@ -37,16 +37,22 @@ PRIORITIES = {LOW: 10, HIGH: 1000, HIGH_NEVER: 1000}
 GRACE = 30  # the victims' terminationGracePeriodSeconds: long enough to see them Terminating
 
 
-@pytest.fixture(scope="module", autouse=True)
-def priority_classes(stack):
-    for name, value in PRIORITIES.items():
+def create_priority_classes(stack, values: dict[str, int], never: str) -> None:
+    """PriorityClasses of these names and values (cluster-wide: one already there is kept); `never`'s
+    preemptionPolicy is Never."""
+    for name, value in values.items():
         body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
-                "value": value, "preemptionPolicy": "Never" if name == HIGH_NEVER else "PreemptLowerPriority"}
+                "value": value, "preemptionPolicy": "Never" if name == never else "PreemptLowerPriority"}
         try:
             stack.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
         except urllib.error.HTTPError as error:
             if error.code != 409:
                 raise
+
+
+@pytest.fixture(scope="module", autouse=True)
+def priority_classes(stack):
+    create_priority_classes(stack, PRIORITIES, HIGH_NEVER)
 
 
 def with_class(manifest: dict, priority_class: str) -> dict:

@@ -26,12 +26,11 @@ from __future__ import annotations
 import json
 import random
 import time
-import urllib.error
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from test_preemption_cluster import events
+from test_preemption_cluster import create_priority_classes, events
 
 CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "4", "nvidia.com/gpu": "4"}
 LOWER = {"gs-side-10": 10, "gs-side-20": 20, "gs-side-30": 30}
@@ -42,14 +41,7 @@ SCHEDULERS = {"k": "default-scheduler", "b": "gpu-scheduler"}  # twin prefix -> 
 
 @pytest.fixture(scope="module", autouse=True)
 def priority_classes(stack):
-    for name, value in CLASSES.items():
-        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
-                "value": value, "preemptionPolicy": "Never" if name == NEVER else "PreemptLowerPriority"}
-        try:
-            stack.cp.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body)
-        except urllib.error.HTTPError as error:
-            if error.code != 409:
-                raise
+    create_priority_classes(stack, CLASSES, NEVER)
 
 
 def _container(name: str, cpu: int, memory: int, port: bool) -> dict:
