@@ -36,10 +36,13 @@ WHICH = ("now", "before")
 
 
 def extract(revision: str, into: Path) -> Path | None:
-    """bind's code at `revision` (functions/, gpu_scheduler/, kubeapi/: what start_bind_at takes)
+    """bind's code at `revision` (functions/, gpu_scheduler/, kubeapi/, serving/ if it has one: what start_bind_at takes)
     under `into`; None when this clone does not hold the revision (a shallow clone)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi"],
-                             capture_output=True)
+    # serving/: the functions' HTTP pieces, in gpu_scheduler/ at a revision without it.
+    has_serving = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{revision}:serving"],
+                                 capture_output=True).returncode == 0
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi",
+                              *(["serving"] if has_serving else [])], capture_output=True)
     if archive.returncode != 0:
         return None
     into.mkdir(parents=True, exist_ok=True)
@@ -64,8 +67,8 @@ class OneBind:
         number stayed the same for `steady` seconds (records kept for reuse): the next bind
         then does not start from records of pods that are gone. The number left."""
         seen, since, deadline = self.leases(), time.monotonic(), time.monotonic() + limit
-        while (baseline is None or seen > baseline) and time.monotonic() - since < steady \
-                and time.monotonic() < deadline:
+        while ((baseline is None or seen > baseline) and time.monotonic() - since < steady
+               and time.monotonic() < deadline):
             time.sleep(0.2)
             now = self.leases()
             if now != seen:

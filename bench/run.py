@@ -138,11 +138,14 @@ BEFORE_FIT = "ad7e5e8"
 
 
 def start_bind_at(stack: LocalStack, revision: str, into: Path) -> str | None:
-    """bind as it was at `revision` (its functions/, gpu_scheduler/ and kubeapi/, from git),
+    """bind as it was at `revision` (its functions/, gpu_scheduler/, kubeapi/ and serving/ if it has one, from git),
     started beside the stack's own; its URL, or None when this clone
     does not hold the revision (a shallow clone)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi"],
-                             capture_output=True)
+    # serving/: the functions' HTTP pieces, in gpu_scheduler/ at a revision without it.
+    has_serving = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{revision}:serving"],
+                                 capture_output=True).returncode == 0
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "functions", "gpu_scheduler", "kubeapi",
+                              *(["serving"] if has_serving else [])], capture_output=True)
     if archive.returncode != 0:
         return None
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)

@@ -11,8 +11,9 @@ from .devices import device_warnings
 from .fit import DEVICES_ANNOTATION
 from .placement import NotPlaceable, metadata, spec
 from .plugins.mapentry import entry
-from .schedmap import MAX_NAMESPACE, MAX_NESTING, MAX_NODE_NAME, Placement, is_dns_label, is_dns_subdomain, \
-    nesting_exceeds, shown
+from .schedmap import (
+    MAX_NAMESPACE, MAX_NESTING, MAX_NODE_NAME, Placement, is_dns_label, is_dns_subdomain, nesting_exceeds, shown,
+)
 
 # CloudEvent types, as Knative's ApiServerSource (mode Resource) and PingSource send them.
 POD_ADD = "dev.knative.apiserver.resource.add"

@@ -192,5 +192,5 @@ def in_grace(record: Record, now: float, gone: Container[str] = frozenset()) -> 
 
 def is_free(record: Record, pods_on_node: Iterable[PodInfo], now: float, gone: Container[str] = frozenset()) -> bool:
     """No holder pod on the node, past its grace and nominated for nobody: the record can be deleted."""
-    return not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None \
-        and not nomination(record, now, gone)
+    return (not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None
+            and not nomination(record, now, gone))

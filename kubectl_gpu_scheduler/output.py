@@ -125,8 +125,8 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
                           ",".join(pod["devices"]) or "<none>", *nvidia, status])
         out.append(columns(header, lines))
         gang = work.get("gang")
-        gang_refusal = gang["verdict"]["message"] if gang and gang["verdict"] and gang["verdict"]["reason"] != "Bind" \
-            else None
+        gang_refusal = (gang["verdict"]["message"] if gang and gang["verdict"] and gang["verdict"]["reason"] != "Bind"
+                        else None)
         for pod in work["pods"]:
             who = f"pod {pod['pod']}"
             for problem in pod["problems"]:

@@ -186,8 +186,8 @@ def preempted(stack: LocalStack) -> str | None:
     print(stack.apply(seed(False, priority_class=HIGH_CLASS)), end="")
 
     def evicted():
-        pod = json.loads(stack.cp.get(f"/api/v1/namespaces/default/pods/{name}")) \
-            if any(p["metadata"]["uid"] == uid for p in stack.pods("default", f"app={HOLDER}")) else None
+        pod = (json.loads(stack.cp.get(f"/api/v1/namespaces/default/pods/{name}"))
+               if any(p["metadata"]["uid"] == uid for p in stack.pods("default", f"app={HOLDER}")) else None)
         query = f"fieldSelector=reason%3DPreempted,involvedObject.uid%3D{uid}"
         events = json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]
         if not events:

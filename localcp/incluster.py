@@ -62,7 +62,7 @@ def deployment(name: str) -> dict:
     user, group = images.read_dockerfile(images.FUNCTIONS[name][0]).user.split(":")
     pod["securityContext"] = {**pod.get("securityContext", {}), "runAsUser": int(user), "runAsGroup": int(group)}
     if tls:
-        # The image's entry point (gunicorn with gpu_scheduler/gunicorn_config.py: WORKERS,
+        # The image's entry point (gunicorn with serving/gunicorn_config.py: WORKERS,
         # THREADS and PORT from the shipped env) plus the certificate.
         entrypoint = images.read_dockerfile(images.FUNCTIONS[name][0]).entrypoint
         container["command"] = [*entrypoint[:-1], "--certfile", f"{TLS_DIR}/tls.crt",

@@ -1,5 +1,5 @@
 """gunicorn settings for mutate where this repository serves it with gunicorn directly (the local
-control plane, for TLS; the bench): the images' own (gpu_scheduler/gunicorn_config.py: keep-alive
+control plane, for TLS; the bench): the images' own (serving/gunicorn_config.py: keep-alive
 past the API server's 90 s idle connections, the drain on SIGTERM, reuse_port for a restart in
 place), with mutate's values of WORKERS and THREADS when the environment does not set them
 (knative/mutate-service.yaml, functions/mutate/func.yaml set the same).
@@ -17,7 +17,7 @@ place), with mutate's values of WORKERS and THREADS when the environment does no
 """
 import os
 
-from gpu_scheduler.gunicorn_config import *  # noqa: F401,F403  (settings and hooks)
+from serving.gunicorn_config import *  # noqa: F401,F403  (settings and hooks)
 
 workers = int(os.environ.get("WORKERS", "1"))
 threads = int(os.environ.get("THREADS", "12"))

@@ -269,13 +269,15 @@ class LocalStack:
 
     def start_bind(self, name: str, port: int, tree: Path = REPO, kubeconfig: Path | None = None) -> str:
         """bind from `tree` (its functions/ and core, e.g. an older revision's), served as its
-        image serves it (gunicorn with gpu_scheduler/gunicorn_config.py; a revision older than that
-        file by functions-framework's CLI, as its image did) as the bind account (or as
-        `kubeconfig` says: an older revision needs its own grant), ready; its URL. Stopped with
-        the stack."""
+        image serves it (gunicorn with serving/gunicorn_config.py, which a revision older than
+        serving/ had in gpu_scheduler/; a revision older than that file by functions-framework's
+        CLI, as its image did) as the bind account (or as `kubeconfig` says: an older revision
+        needs its own grant), ready; its URL. Stopped with the stack."""
         source = str(tree / "functions" / "bind" / "main.py")
-        if (tree / "gpu_scheduler" / "gunicorn_config.py").exists():
-            argv = [PYTHON, "-m", "gunicorn", "--config", "python:gpu_scheduler.gunicorn_config",
+        config = next((package for package in ("serving", "gpu_scheduler")
+                       if (tree / package / "gunicorn_config.py").exists()), None)
+        if config:
+            argv = [PYTHON, "-m", "gunicorn", "--config", f"python:{config}.gunicorn_config",
                     f"--bind=127.0.0.1:{port}", f'functions_framework:create_app(target="bind", source="{source}")']
         else:
             argv = [PYTHON, "-m", "functions_framework", "--target", "bind", "--source", source,

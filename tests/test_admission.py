@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jsonpatch import PatchError, apply_patch, parse_pointer
 from gpu_scheduler.admission import (
-    Decision, Review, ReviewError, _field, admission_response, decide, parse_review, patch_for, response_for,
+    Decision, Review, ReviewError, admission_response, checked_field, decide, parse_review, patch_for, response_for,
 )
 from gpu_scheduler.devices import device_env
 from gpu_scheduler.schedmap import Placement
@@ -506,11 +506,11 @@ def test_review_error_is_a_value_error():
 
 
 def test_optional_field():
-    assert _field({}, "x", "p.", dict, required=False) is None
-    assert _field({"x": None}, "x", "p.", dict, required=False) is None
-    assert _field({"x": {"a": 1}}, "x", "p.", dict, required=False) == {"a": 1}
+    assert checked_field({}, "x", "p.", dict, required=False) is None
+    assert checked_field({"x": None}, "x", "p.", dict, required=False) is None
+    assert checked_field({"x": {"a": 1}}, "x", "p.", dict, required=False) == {"a": 1}
     with pytest.raises(ReviewError, match=r"^p\.x: expected an object, found a int$"):
-        _field({"x": 1}, "x", "p.", dict, required=False)
+        checked_field({"x": 1}, "x", "p.", dict, required=False)
 
 
 # --------------------------------------------------------------------------- response_for

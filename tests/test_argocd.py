@@ -348,8 +348,8 @@ def test_server_refuses_a_misspelled_field(argocd_crds, tmp_path, name, where, t
     right, wrong = typo
     node[wrong] = node.pop(right)
     result = dry_run(argocd_crds, [doc], tmp_path / "typo.yaml")
-    assert result.returncode != 0 and f'unknown field "{".".join(where)}.{wrong}"' in result.stderr, \
-        result.stdout + result.stderr
+    assert result.returncode != 0 and f'unknown field "{".".join(where)}.{wrong}"' in result.stderr, (
+        result.stdout + result.stderr)
 
 
 @pytest.mark.controlplane

@@ -141,8 +141,8 @@ def test_rbac_is_permissions(helm, values):
     assert account_grants("bind", docs, namespace) == {"cluster": bind, namespace: permissions.BIND_RECORDS}
     assert account_grants("pod-events", docs, namespace) == {"cluster": permissions.EVENT_SOURCE}
     assert account_grants("mutate", docs, namespace) == ({"cluster": permissions.MUTATE} if quota else {})
-    assert find(docs, "ServiceAccount", "mutate").get("automountServiceAccountToken", True) is quota, \
-        "mutate's pods get a token only when they make API calls"
+    assert find(docs, "ServiceAccount", "mutate").get("automountServiceAccountToken", True) is quota, (
+        "mutate's pods get a token only when they make API calls")
     for ksvc, account in (("bind", "bind"), ("mutate", "mutate")):
         assert find(docs, "Service", ksvc)["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert find(docs, "ApiServerSource", "pod-events")["spec"]["serviceAccountName"] == "pod-events"
@@ -262,9 +262,9 @@ def test_direct_service_path(helm, values):
     assert f"--bind=0.0.0.0:{port}" in tls["args"]
     probe = tls["readinessProbe"]
     assert "exec" in probe and not {"httpGet", "tcpSocket", "grpc"} & set(probe), "kept by Knative, run by the kubelet"
-    assert probe["exec"]["command"][-1] == str(port) and "/health/readiness" in probe["exec"]["command"][2], \
-        "mutate's readiness: it fails while mutate drains after a SIGTERM"
-    # The drain (gpu_scheduler/gunicorn_config.py, DRAIN_SECONDS 15) outlasts the probe's failing.
+    assert probe["exec"]["command"][-1] == str(port) and "/health/readiness" in probe["exec"]["command"][2], (
+        "mutate's readiness: it fails while mutate drains after a SIGTERM")
+    # The drain (serving/gunicorn_config.py, DRAIN_SECONDS 15) outlasts the probe's failing.
     assert probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"] < 15
     [mount] = tls["volumeMounts"]
     [volume] = pod["volumes"]

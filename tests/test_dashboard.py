@@ -73,8 +73,8 @@ def imported_by_entry(function: Path) -> set[Path]:
             continue
         seen.add(path)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
             todo += [function / f"{name.split('.')[0]}.py" for name in names]
     return seen
 

@@ -88,8 +88,8 @@ def bind(stack: LocalStack, pod: dict, node: str) -> None:
 
 
 def test_each_node_publishes_its_devices_in_a_resource_slice(dra_stack):
-    assert {n: sorted(d) for n, d in dra_stack.nodes.resource_slices().items()} == \
-        {n: DEVICES for n in dra_stack.nodes.nodes}
+    assert ({n: sorted(d) for n, d in dra_stack.nodes.resource_slices().items()} ==
+            {n: DEVICES for n in dra_stack.nodes.nodes})
     slices = json.loads(dra_stack.cp.get(f"{RESOURCE}/resourceslices"))["items"]
     for item in slices:
         spec = item["spec"]

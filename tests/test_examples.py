@@ -44,8 +44,8 @@ def test_the_ping_example_is_the_shipped_pingsource_as_sent():
     meta = source["metadata"]
     expected = ping_headers(f"/apis/v1/namespaces/{meta['namespace']}/pingsources/{meta['name']}")
     assert headers.keys() == expected.keys()
-    assert {k: v for k, v in headers.items() if k not in ("Ce-Id", "Ce-Time")} == \
-           {k: v for k, v in expected.items() if k not in ("Ce-Id", "Ce-Time")}
+    assert ({k: v for k, v in headers.items() if k not in ("Ce-Id", "Ce-Time")} ==
+            {k: v for k, v in expected.items() if k not in ("Ce-Id", "Ce-Time")})
     assert (body.decode().strip(), headers["Content-Type"]) == (source["spec"]["data"], source["spec"]["contentType"])
 
 

@@ -1,4 +1,4 @@
-"""The fast path (gpu_scheduler/fastpath.py) answers exactly what Flask and the cloudevents SDK
+"""The fast path (serving/fastpath.py) answers exactly what Flask and the cloudevents SDK
 answer: the same requests to each function served with it and without it
 (GPU_SCHEDULER_FAST_PATH=off), status and body compared. bind's API server is down here, so
 every pod it would bind is kept and retried by its queue in both."""

@@ -82,8 +82,8 @@ def test_what_is_not_a_quantity_is_none(text):
 
 
 def test_cpu_rounds_up_to_millicores_and_the_rest_to_units():
-    assert pod_requests(pod(containers=[container(requests={"cpu": "0.0001", "memory": "0.5"})])) == \
-        {"cpu": 1, "memory": 1}
+    assert (pod_requests(pod(containers=[container(requests={"cpu": "0.0001", "memory": "0.5"})])) ==
+            {"cpu": 1, "memory": 1})
 
 
 # -- the effective request -------------------------------------------------------------------------

@@ -22,14 +22,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import sample
-from gpu_scheduler import jsonlog, schedmap
+from gpu_scheduler import schedmap
 from gpu_scheduler.admission import admission_response
 from gpu_scheduler.binding import Bind, Unplaceable, bind_decision, check_pod, EventError
-from gpu_scheduler.devices import _compute_claims, claims_cost
+from gpu_scheduler.devices import claims_cost, compute_claims
 from gpu_scheduler.schedmap import (
     MAP_CACHE_BYTES, MAX_DEVICES_PER_ENTRY, MAX_ENTRIES, MAX_GPU_INDEX, MAX_MAP_BYTES, MAX_POD_INDEX,
     MapError, Placement, parse_map, parsed_cost,
 )
+from serving import jsonlog
 from test_placer import NODE, FakeApi, synced_placer
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -244,7 +245,7 @@ def test_the_cost_estimates_stay_above_what_is_kept(text):
     schedmap._parse_cached.clear()
     parse_map(text)  # claims are built from the parsed map: measure them on their own
     tracemalloc.start()
-    claims = _compute_claims(text)
+    claims = compute_claims(text)
     kept = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert parsed and claims and kept < claims_cost(text)
@@ -578,8 +579,8 @@ def test_event_types_are_labelled_from_a_fixed_set(inprocess_apps):
         assert response.status_code == 200 and len(response.data) < 1000
     metrics = inprocess_apps.bind.get("/metrics").data.decode()
     assert "hostile.type" not in metrics
-    assert re.search(r'gpu_scheduler_bind_events_total\{status="200",type="other"\} (\d+)', metrics) or \
-        re.search(r'gpu_scheduler_bind_events_total\{type="other",status="200"\} (\d+)', metrics)
+    assert (re.search(r'gpu_scheduler_bind_events_total\{status="200",type="other"\} (\d+)', metrics) or
+            re.search(r'gpu_scheduler_bind_events_total\{type="other",status="200"\} (\d+)', metrics))
 
 
 def test_bind_decision_for_a_hand_built_unconvertible_device_is_loud_not_a_binding():

@@ -46,10 +46,14 @@ def test_the_function_dockerfiles_read_as_docker_reads_them():
         assert spec.env["PATH"] == "/opt/venv/bin:" + images.DEFAULT_PATH  # ENV PATH=/opt/venv/bin:$PATH
         assert spec.env["TMPDIR"] == "/dev/shm" and spec.env["PIP_NO_CACHE_DIR"] == "1"  # inherited from base
         assert (spec.workdir, spec.user, spec.exposed) == ("/app", "65532:65532", ["8080/tcp"])
-        assert spec.entrypoint[:3] == ["gunicorn", "--config", "python:gpu_scheduler.gunicorn_config"]
+        assert spec.entrypoint[:3] == ["gunicorn", "--config", "python:serving.gunicorn_config"]
         # The build context is the repository less .dockerignore: no func.yaml, no bytecode.
         assert "func.yaml" not in [rel for rel, _ in images.context_files(f"functions/{name}")]
         assert images.in_context("gpu_scheduler/schedmap.py") and not images.in_context("gpu_scheduler/__pycache__/x.pyc")
+        assert images.in_context("serving/gunicorn_config.py")
+        # The package the entry point's --config names is installed beside the core.
+        build_copies = [(s.source, s.dest) for s in build.steps if s.op == "COPY" and not s.stage]
+        assert ("serving", "/src/serving") in build_copies and ("gpu_scheduler", "/src/gpu_scheduler") in build_copies
         assert not images.in_context("tests/test_images.py") and not images.in_context(".venv/bin/python")
 
 
@@ -139,6 +143,8 @@ def test_the_built_function_image_is_what_its_dockerfile_says(name):
         names = set(layer.getnames())
         assert "opt/venv/bin/gunicorn" in names and "opt/venv/pyvenv.cfg" in names
         assert any(n.startswith("opt/venv/lib/python3.11/site-packages/gpu_scheduler/") for n in names)
+        # The entry point's --config (serving.gunicorn_config) and the functions' serving pieces.
+        assert "opt/venv/lib/python3.11/site-packages/serving/gunicorn_config.py" in names
         # Both call the API server (mutate: the GPU type of a pinned pod's node, for quotas).
         assert any(n.startswith("opt/venv/lib/python3.11/site-packages/kubeapi/") for n in names)
         assert {m.uid for m in layer.getmembers()} == {0} and {m.mtime for m in layer.getmembers()} == {0}

@@ -49,8 +49,8 @@ def test_the_seed_lands_where_its_map_says_placed_by_bind_in_its_pod(cluster_sta
     stack.create_namespace("seed")
     stack.apply(statefulset("seed"))
     pods = stack.wait_for(lambda: running(stack, "seed", 5), 120, "5 check pods Running")
-    assert {int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]): p["spec"]["nodeName"] for p in pods} == \
-        {i: node for i, (node, _) in EXPECTED.items()}
+    assert ({int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]): p["spec"]["nodeName"] for p in pods} ==
+            {i: node for i, (node, _) in EXPECTED.items()})
     assert placement_from_logs(stack, "seed", pods) == EXPECTED  # CUDA_VISIBLE_DEVICES from mutate in its pod
     # Placed by bind in its pod (its log, through the API server), not by anything on the machine.
     log = stack.cp.kubectl("logs", "-n", incluster.NAMESPACE, "deployment/bind").stdout
@@ -113,8 +113,8 @@ def test_bind_places_with_only_its_token(cluster_stack):
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}))
     assert review["status"]["authenticated"] is True
     assert review["status"]["user"]["username"] == "system:serviceaccount:gpu-scheduler:bind"
-    assert review["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"] == \
-        [function_pod(cluster_stack, "bind")["metadata"]["name"]]
+    assert (review["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"] ==
+            [function_pod(cluster_stack, "bind")["metadata"]["name"]])
     # A pod placed now, by bind's event, with that token.
     cluster_stack.create_namespace("token")
     cluster_stack.apply(statefulset("token", "0=node1:3\n", replicas=1))  # a GPU the seed does not hold

@@ -14,7 +14,7 @@ serves TLS, the connection is TLS. The idle gaps are the test's subject, so they
 sleeps; every path waits through them at once, in threads (about 105 s in all).
 
 Also: a SIGTERM drains (readiness 503, requests still answered with Connection: close) and then
-stops (gpu_scheduler/gunicorn_config.py).
+stops (serving/gunicorn_config.py).
 """
 from __future__ import annotations
 
@@ -239,8 +239,8 @@ def idle_outcomes(tmp_path_factory) -> dict[str, list[str] | None]:
 def test_a_kept_alive_connection_idle_10_s_then_95_s_gets_every_answer(idle_outcomes, way):
     if idle_outcomes[way] is None:
         pytest.skip("helm is not built (make controlplane): the chart cannot be rendered")
-    assert idle_outcomes[way] == ["answered"] * 3, \
-        f"{way}: the requests after {GAPS[0]} s and then {GAPS[1]} s idle on the same connection"
+    assert idle_outcomes[way] == ["answered"] * 3, (
+        f"{way}: the requests after {GAPS[0]} s and then {GAPS[1]} s idle on the same connection")
 
 
 # -- SIGTERM: drain, then stop ----------------------------------------------------------------------

@@ -420,12 +420,13 @@ def test_function_dockerfile_runs_the_function(name):
     steps = instructions(REPO / f"Dockerfile.{name}")
     [entrypoint] = [yaml.safe_load(args) for op, args in steps if op == "ENTRYPOINT"]
     # functions-framework's app under gunicorn with the settings long-lived clients need, which
-    # functions-framework's CLI cannot be given (gpu_scheduler/gunicorn_config.py).
-    assert entrypoint == ["gunicorn", "--config", "python:gpu_scheduler.gunicorn_config",
+    # functions-framework's CLI cannot be given (serving/gunicorn_config.py).
+    assert entrypoint == ["gunicorn", "--config", "python:serving.gunicorn_config",
                           f'functions_framework:create_app(target="{name}", source="functions/{name}/main.py")']
     copies = [args for op, args in steps if op == "COPY"]
     assert f"functions/{name}/requirements.txt /tmp/requirements.txt" in copies
     assert "gpu_scheduler /src/gpu_scheduler" in copies, "the core package goes into the image"
+    assert "serving /src/serving" in copies, "the HTTP serving pieces go into the image"
     assert f"functions/{name} /app/functions/{name}" in copies
     if name == "bind":
         assert "kubeapi /src/kubeapi" in copies, "bind's API client goes into its image"
@@ -435,7 +436,7 @@ def test_dockerignore_sends_only_what_the_images_copy():
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert patterns[0] == "*"
-    assert {"!gpu_scheduler/", "!kubeapi/", "!functions/", "!pyproject.toml", "!check/check.py"} <= set(patterns)
+    assert {"!gpu_scheduler/", "!serving/", "!kubeapi/", "!functions/", "!pyproject.toml", "!check/check.py"} <= set(patterns)
 
 
 # -- scripts and make targets ----------------------------------------------------------------

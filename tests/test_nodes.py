@@ -69,8 +69,8 @@ def cpu_hungry_pod(namespace: str, name: str, node: str, cpu: str) -> dict:
 def test_seed_placement_read_back_from_the_containers_logs(real_stack, ns):
     real_stack.apply(statefulset(ns))
     pods = real_stack.wait_for(lambda: running(real_stack, ns, 5), 90, "5 check pods Running")
-    assert {int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]): p["spec"]["nodeName"] for p in pods} == \
-        {i: node for i, (node, _) in EXPECTED.items()}
+    assert ({int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]): p["spec"]["nodeName"] for p in pods} ==
+            {i: node for i, (node, _) in EXPECTED.items()})
     # NODE_NAME from the downward API, CUDA_VISIBLE_DEVICES from mutate: what the process saw.
     assert placement_from_logs(real_stack, ns, pods) == EXPECTED
     for pod in pods:  # started by the kubelet of its node, in containerd, as the image's user

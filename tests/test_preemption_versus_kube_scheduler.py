@@ -70,8 +70,8 @@ def situation(rng: random.Random, mode: str) -> tuple[list[dict], dict]:
         victims.append({"name": f"on-{i}", "class": victim_class, "cpu": cpu, "memory": memory, "port": port})
     for victim, offset in zip(victims, rng.sample(range(len(victims)), len(victims))):
         victim["started"] = 60 * (offset + 1)  # seconds before now; distinct, not in name order
-    reasons = ["cpu"] + (["memory"] if memory_left < 8192 else []) + (["port"] if port_taken else []) \
-        + (["pods"] if len(victims) == 4 else [])
+    reasons = (["cpu"] + (["memory"] if memory_left < 8192 else []) + (["port"] if port_taken else [])
+               + (["pods"] if len(victims) == 4 else []))
     reason = rng.choice(reasons)
     preemptor = {"cpu": rng.choice([100, 250]), "memory": 0, "port": reason == "port",
                  "class": {"equal": "gs-side-30", "never": NEVER}.get(mode) or rng.choice([HIGH, HIGH, "gs-side-20"])}

@@ -102,8 +102,8 @@ def test_a_quota_on_one_gpu_type_leaves_the_other_type_free(stack, namespace, ow
     # Replicas 0 and 3 pin one A100 each (the quota allows one), 1 and 2 the T4s (three in all).
     stack.apply(mapped_statefulset(namespace, [f"{a100}:0", f"{t4}:0", f"{t4}:1,2", f"{a100}:1"]))
     refusals = stack.wait_for(lambda: quota_refusals(stack, namespace, "train"), 60, "a quota refusal of an A100 replica")
-    assert f"requested: requests.{a100_resource}=1, used: requests.{a100_resource}=1, limited: requests.{a100_resource}=1" \
-        in refusals[0], refusals
+    assert (f"requested: requests.{a100_resource}=1, used: requests.{a100_resource}=1, limited: requests.{a100_resource}=1"
+            in refusals[0]), refusals
     # Created in parallel: replica 0 or 3 is the one over the A100 quota; the T4 replicas are created.
     stack.wait_for(lambda: len(bound_names(stack, namespace, "app=train")) == 3, 60, "3 replicas bound")
     pods = {p["metadata"]["name"]: p for p in stack.pods(namespace, "app=train")}
@@ -166,8 +166,8 @@ def test_dra_mode_claims_count_for_the_namespaces_device_class_quota(stack, name
         return waiting and [m for m in failed_scheduling_messages(stack, namespace, waiting[0])
                             if "exceeded quota" in m]
     messages = stack.wait_for(refused, 60, "the third pod's FailedScheduling with the quota's refusal")
-    assert f"requested: {DEVICE_CLASS_QUOTA}=1, used: {DEVICE_CLASS_QUOTA}=2, limited: {DEVICE_CLASS_QUOTA}=2" \
-        in messages[0], messages
+    assert (f"requested: {DEVICE_CLASS_QUOTA}=1, used: {DEVICE_CLASS_QUOTA}=2, limited: {DEVICE_CLASS_QUOTA}=2"
+            in messages[0]), messages
     # The user's quota, said as a reason the pod cannot be scheduled (not a SchedulerError, which
     # would send an operator looking for a fault of bind's).
     [waiting] = [p for p in stack.pods(namespace) if not p["spec"].get("nodeName")]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import FunctionServer
-from gpu_scheduler.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem
+from serving.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem
 from test_end_to_end import pod_manifest
 
 from localcp.eventsource import Sender, cloudevent_headers

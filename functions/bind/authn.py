@@ -1,4 +1,4 @@
-"""bind's sink authentication (gpu_scheduler/sinkauth.py) against the API server: a TokenReview
+"""bind's sink authentication (serving/sinkauth.py) against the API server: a TokenReview
 per new token, verdicts kept a minute in a bounded cache (a source reuses its token for its
 lifetime, so a verdict costs one review, and garbage tokens cannot make bind flood the API)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import OrderedDict
 import urllib3
 from kubeapi.errors import APIError
 
-from gpu_scheduler.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem, token_review
+from serving.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem, token_review
 
 VERDICT_SECONDS = 60.0
 VERDICTS = 256

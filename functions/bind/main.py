@@ -19,11 +19,11 @@ from cloudevents.http import CloudEvent, from_http
 from flask import Request
 
 from authn import SinkAuthenticator, Unavailable
-from gpu_scheduler import draining, fastpath, jsonlog
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
 from gpu_scheduler.schedmap import shown
-from gpu_scheduler.sinkauth import Unauthenticated
 from placer import Placer
+from serving import draining, fastpath, jsonlog
+from serving.sinkauth import Unauthenticated
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's request limit: no pod, so no pod event, is larger
 # The adapters send a whole body at once; one still arriving after this is not theirs.
@@ -64,7 +64,7 @@ def _handle(request: Request):
     if request.path == "/health/liveness":
         return "ok\n", 200
     if request.path == "/health/readiness":
-        if draining.draining():  # after a SIGTERM: gpu_scheduler/gunicorn_config.py
+        if draining.draining():  # after a SIGTERM: serving/gunicorn_config.py
             return "draining\n", 503
         readiness = placer.readiness()
         return ("ok\n", 200) if readiness.ready else (f"not ready: {readiness.message}\n", 503)
@@ -132,7 +132,7 @@ def _on_event(event: CloudEvent):
 
 # -- the fast path: what the event sources send, without Flask and from_http -----------------
 # ApiServerSource and PingSource send binary-mode CloudEvents 1.0 with a JSON body. Those are
-# answered here (gpu_scheduler/fastpath.py); anything else, or missing a required attribute, goes
+# answered here (serving/fastpath.py); anything else, or missing a required attribute, goes
 # through bind() above, which answers as it always has.
 REQUIRED = ("HTTP_CE_ID", "HTTP_CE_SOURCE", "HTTP_CE_TYPE")
 JSON_TYPE = re.compile(r"application/json\s*(;.*)?$", re.IGNORECASE)
@@ -161,8 +161,8 @@ def _binary_event(environ: dict, raw: bytes) -> CloudEvent | None:
 
 
 def _fast(environ: dict):
-    if environ["REQUEST_METHOD"] != "POST" or "HTTP_CE_SPECVERSION" not in environ \
-            or environ.get("PATH_INFO") in NOT_EVENTS:
+    if (environ["REQUEST_METHOD"] != "POST" or "HTTP_CE_SPECVERSION" not in environ
+            or environ.get("PATH_INFO") in NOT_EVENTS):
         return None
     try:
         refused = _sender_refused(environ.get("HTTP_AUTHORIZATION"))

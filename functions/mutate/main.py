@@ -12,10 +12,10 @@ import functions_framework
 import prometheus_client as prom
 from flask import Request
 
-from gpu_scheduler import draining, fastpath, jsonlog
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
 from nodeproduct import NodeProducts
+from serving import draining, fastpath, jsonlog
 
 MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit: no AdmissionReview is larger
 # The API server waits timeoutSeconds (5 s, knative/webhook.yaml) for the answer. A body still
@@ -74,7 +74,7 @@ def mutate(request: Request):
 
 def _handle(request: Request):
     if request.path == "/health/readiness" and draining.draining():
-        # After a SIGTERM (gpu_scheduler/gunicorn_config.py): still answering, no longer ready.
+        # After a SIGTERM (serving/gunicorn_config.py): still answering, no longer ready.
         return "draining: stopping once endpoints have dropped this server\n", 503
     if request.path in HEALTH:
         return "ok\n", 200  # stateless, configured at import: ready as soon as it serves
@@ -132,7 +132,7 @@ def _decide(raw: bytes, started: float, deadline: float):
         "detail": decision.message, "latency_ms": round(elapsed * 1000, 3)})
     return json.dumps(response_for(review, decision)), 200, {"Content-Type": "application/json"}
 
-# The fast path (gpu_scheduler/fastpath.py): an AdmissionReview POST with its length declared, as
+# The fast path (serving/fastpath.py): an AdmissionReview POST with its length declared, as
 # the API server sends it, is answered by _review without Flask; anything else goes through mutate().
 def _fast(environ: dict):
     if environ["REQUEST_METHOD"] != "POST" or environ.get("PATH_INFO") in (*HEALTH, "/metrics", *fastpath.FRAMEWORK_PATHS):

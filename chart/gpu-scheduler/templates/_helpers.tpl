@@ -80,7 +80,7 @@ securityContext:
   value: {{ .Values.deviceEnvMode | quote }}
 - name: GPU_SCHEDULER_QUOTA
   value: {{ .Values.quota.enabled | quote }}
-# gunicorn's workers and threads (gpu_scheduler/gunicorn_config.py reads them, as functions-framework does)
+# gunicorn's workers and threads (serving/gunicorn_config.py reads them, as functions-framework does)
 - name: WORKERS
   value: {{ .Values.mutate.workers | quote }}
 - name: THREADS

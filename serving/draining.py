@@ -1,5 +1,5 @@
 """Whether this server is draining: on its way out after a SIGTERM, still answering, no longer
-ready. The gunicorn master sets it (gpu_scheduler/gunicorn_config.py); the functions' readiness
+ready. The gunicorn master sets it (serving/gunicorn_config.py); the functions' readiness
 answers 503 from then on, so that endpoints drop the pod while it still serves what reaches it.
 
 The flag is one byte of anonymous shared memory, made when this module is first imported: the

@@ -3,8 +3,7 @@
 direct-service), the local control plane (localcp/). functions-framework's own CLI starts the
 same gunicorn but takes none of these from the environment or a file, so the images run
 
-    gunicorn --config python:gpu_scheduler.gunicorn_config \\
-        'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
+    gunicorn --config python:serving.gunicorn_config 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
 
 which is functions-framework's app and functions-framework's settings (the app loaded before the
 fork, no request line limit, no worker timeout, log level error, WORKERS and THREADS from the
@@ -20,7 +19,7 @@ environment, PORT), plus what long-lived clients need:
   pipe", "EOF"). With the server waiting longer than any client, the client always closes
   first. An idle connection holds no thread, only one of the worker's 1000 connection slots.
 - **Draining on SIGTERM** (a revision rollout, a scale-down, a node drain): the master marks the
-  server draining (gpu_scheduler/draining.py), so /health/readiness answers 503 while every
+  server draining (serving/draining.py), so /health/readiness answers 503 while every
   other request is still served, each answer with "Connection: close" so that kept-alive
   clients reconnect (to a pod that is ready). After DRAIN_SECONDS (default 15: a readiness probe
   every 5 s fails within 5 s, and leaves 10 s for the endpoints and kube-proxy to drop the pod)
@@ -44,7 +43,7 @@ import threading
 
 from gunicorn.workers import gthread
 
-from gpu_scheduler import draining as _draining
+from serving import draining
 
 KEEPALIVE_SECONDS = 120
 DRAIN_SECONDS = float(os.environ.get("DRAIN_SECONDS", "15"))
@@ -61,7 +60,7 @@ preload_app = True  # the app is made in the master and forked, as functions-fra
 keepalive = KEEPALIVE_SECONDS
 graceful_timeout = 10
 reuse_port = True
-worker_class = "gpu_scheduler.gunicorn_config.DrainingWorker"
+worker_class = "serving.gunicorn_config.DrainingWorker"
 control_socket_disable = True  # gunicorn's control socket: a file in $HOME, on a read-only root
 
 _log = logging.getLogger("gpu_scheduler.serving")
@@ -76,9 +75,9 @@ def when_ready(server) -> None:
     def handle_term() -> None:
         if drained.is_set():
             stop()
-        if _draining.draining():
+        if draining.draining():
             return  # already draining: a second SIGTERM does not cut the drain short
-        _draining.start()
+        draining.start()
         _log.info("SIGTERM: draining for %g s: readiness fails, requests are still served, "
                   "each answered with Connection: close; then gunicorn stops", DRAIN_SECONDS)
 
@@ -96,7 +95,7 @@ def when_ready(server) -> None:
 def pre_request(worker, req) -> None:
     """While draining, every answer closes its connection: the client's next request opens a new
     one, through endpoints that no longer list this server."""
-    if _draining.draining():
+    if draining.draining():
         req.force_close()
 
 
