@@ -6,7 +6,7 @@ on, so bind also hears of the pods it cannot place and can say why. The patch re
 lists and single labels, so applying it twice, or re-running the webhook on its own output
 (reinvocationPolicy IfNeeded), changes nothing more.
 
-In DRA mode (devices.py, plugins/dra.py) the pod also gets `spec.resourceClaims` entry `gpu-scheduler`
+In DRA mode (devices.py, plugins/dynamicresources/allocator.py) the pod also gets `spec.resourceClaims` entry `gpu-scheduler`
 naming the claim bind creates for it (`<pod name>-gpus`), and each container it sets the
 environment of claims it in `resources.claims`: the kubelet then gives the containers exactly the
 claim's devices.
@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
 from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
-from .plugins.dra import POD_CLAIM, claim_name
+from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .quota import QuotaDodge, check_not_written, patch_for_requests, quota_requests
@@ -58,7 +58,9 @@ def _pod_name(request: Mapping[str, Any], pod: Mapping[str, Any] | None) -> str:
     return f"{_text(request.get('namespace'))}/{name}"
 
 
-def _field(obj: Mapping[str, Any], key: str, path: str, kind: type, required: bool = True) -> Any:
+def checked_field(obj: Mapping[str, Any], key: str, path: str, kind: type, required: bool = True) -> Any:
+    """obj[key], which must be a `kind` (dict or str); None for an absent or null one that is not
+    `required`. Else ReviewError, naming the field as `path` + `key`."""
     value = obj.get(key)
     if value is None and not required:
         return None
@@ -81,16 +83,16 @@ def parse_review(body: Any) -> Review:
     # Before anything copies, encodes or logs it: no real pod comes near this depth.
     if nesting_exceeds(body, MAX_NESTING):
         raise ReviewError(f"body: nested more than {MAX_NESTING} levels deep; no AdmissionReview of a pod is")
-    request = _field(body, "request", "", dict)
-    uid = _field(request, "uid", "request.", str)
+    request = checked_field(body, "request", "", dict)
+    uid = checked_field(request, "uid", "request.", str)
     if not uid:
         raise ReviewError("request.uid: must not be empty")
-    operation = _field(request, "operation", "request.", str)
+    operation = checked_field(request, "operation", "request.", str)
     resource = request.get("resource")
     resource_name = resource.get("resource", "") if isinstance(resource, dict) else ""
     pod = None
     if operation == "CREATE" and resource_name == "pods" and not request.get("subResource"):
-        pod = _field(request, "object", "request.", dict)
+        pod = checked_field(request, "object", "request.", dict)
         if not isinstance(pod.get("spec"), dict):
             raise ReviewError("request.object.spec: expected an object, the pod being created has none")
     dry_run = request.get("dryRun")

@@ -9,7 +9,7 @@ Opt-in `nvidia` mode, for runtimes that honour NVIDIA_VISIBLE_DEVICES from the p
 container toolkit with accept-nvidia-visible-devices-envvar-when-unprivileged): the runtime
 exposes only the listed devices, and inside the container they are 0..k-1.
 
-Opt-in `dra` mode (gpu_scheduler/plugins/dra.py): the pod's ResourceClaim holds exactly its devices, and
+Opt-in `dra` mode (gpu_scheduler/plugins/dynamicresources/allocator.py): the pod's ResourceClaim holds exactly its devices, and
 the DRA driver exposes those only, renumbered from 0 as NVIDIA's runtime does: 0..k-1 as in
 `nvidia` mode, and no NVIDIA_VISIBLE_DEVICES (the driver's CDI spec sets what it needs).
 """
@@ -67,7 +67,8 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def _compute_claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
+def compute_claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
+    """{(node, device): the pod indexes a map gives it}, from the map's text."""
     claims: dict[tuple[str, str], list[int]] = {}
     for index, placement in sorted(parse_map(map_text).items()):
         for device in placement.devices:
@@ -78,7 +79,7 @@ def _compute_claims(map_text: str) -> Mapping[tuple[str, str], tuple[int, ...]]:
 # {(node, device): indexes given it}, once per map rather than once per pod; bounded in bytes like
 # the parsed maps it is built from (schedmap.BoundedCache).
 _claims: BoundedCache[str, Mapping[tuple[str, str], tuple[int, ...]]] = BoundedCache(
-    _compute_claims, claims_cost, max_bytes=MAP_CACHE_BYTES, max_entries=64)
+    compute_claims, claims_cost, max_bytes=MAP_CACHE_BYTES, max_entries=64)
 
 
 def shared_devices(resolved: Resolved) -> dict[str, list[int]]:

@@ -69,10 +69,11 @@ def _parse_quantity_text(value: str) -> Fraction | None:
     return amount * Fraction(10) ** int(exponent[1:]) if exponent else amount * _SUFFIX[suffix or ""]
 
 
-def _units(resource: str, amount: Fraction) -> int:
+def scheduler_units(resource: str, amount: Fraction) -> int:
     """What the scheduler compares: millicores for cpu, whole units otherwise, rounded up
     (Quantity.MilliValue / Value round up)."""
     return math.ceil(amount * 1000) if resource == CPU else math.ceil(amount)
+
 
 
 def show(resource: str, units: int) -> str:
@@ -133,7 +134,7 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
         parsed = parse_quantity(value)
         if isinstance(name, str) and parsed is not None:
             _add(total, {name: parsed})
-    return {name: _units(name, amount) for name, amount in total.items()}
+    return {name: scheduler_units(name, amount) for name, amount in total.items()}
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:

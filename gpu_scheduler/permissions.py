@@ -22,7 +22,7 @@ BIND = frozenset({
     ("", "nodes/status", "patch"),  # quotas: each node advertises the resources pinned pods request (quota.py)
     # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
     ("authentication.k8s.io", "tokenreviews", "create"),
-    # DRA mode (gpu_scheduler/plugins/dra.py): the devices each node publishes, and every claim's
+    # DRA mode (gpu_scheduler/plugins/dynamicresources/allocator.py): the devices each node publishes, and every claim's
     # allocation (a device allocated in any claim is held).
     ("resource.k8s.io", "resourceslices", "list"),
     ("resource.k8s.io", "resourceslices", "watch"),

@@ -3,8 +3,8 @@
 A workload (StatefulSet, Job, Pod) becomes the pods its controller will create, each as it will be
 created (name, index label or annotation), and each pod goes through the same functions admission
 and bind use: `placement.resolve`, `devices.device_env`, `devices.device_warnings`,
-`binding.bind_decision`, and bind's own scheduling framework (`framework.runtime.Framework.decide`
-on a snapshot of the pod's node, `scheduling` below). The plugin (kubectl_gpu_scheduler/) only
+`binding.bind_decision`, and bind's own scheduling framework (`Framework.evaluate`, the dry run
+of the cycle bind runs, on snapshots of the pods' nodes: `answer` below renders it). The plugin (kubectl_gpu_scheduler/) only
 reads files and the API and formats what these functions return.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
 from .fit import is_terminal, workload as workload_of
-from .framework.runtime import Framework
-from .framework.snapshot import GangSnapshot, NodeSnapshot
+from .fit import PodInfo
+from .framework.runtime import PRE_ENQUEUE, Framework, Verdict
+from .framework.snapshot import NodeSnapshot
 from .plugins import gang as gangs
-from .plugins.defaultpreemption import DefaultPreemption, explained
-from .plugins.gang import GANG_ANNOTATION, GangError, gang_of, gang_size
+from .plugins.gang import GANG_ANNOTATION, GangError, WorkloadMembers, gang_size
 from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
 from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on
@@ -290,58 +290,129 @@ def _name_of(pod: Mapping[str, Any]) -> str:
     return f"{metadata(pod).get('namespace')}/{metadata(pod).get('name')}"
 
 
-def live_gang(pod: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[GangSnapshot, dict[str, str]] | None:
-    """The gang `pod` belongs to as bind's views hold it, from the pods of its namespace: its
-    workload's pending pods of ours that carry the annotation, and its bound ones (non-terminal),
-    each with its node. None when the pod asks for no gang, or asks malformedly (the Gang plugin's
-    PreFilter then refuses the pod itself)."""
-    try:
-        if gang_size(pod) is None:
-            return None
-    except GangError:
+class Lazy:
+    """Pods read once, when first asked for (the namespace's pods: only a pod's group needs them)."""
+
+    def __init__(self, read: Callable[[], Iterable[Mapping[str, Any]]]):
+        self._read, self._pods = read, None
+
+    def __iter__(self):
+        if self._pods is None:
+            self._pods = tuple(self._read())
+        return iter(self._pods)
+
+
+class ReadView:
+    """What bind's framework reads, from what explain and plan read (the handle of `evaluate`):
+    node snapshots (`snapshot_of(node, pods)`: the node as read, with the claims of `pods`, each
+    node read once), the PodDisruptionBudgets read, and the pods of the namespace (a manifest's
+    pods for plan: pending, none bound)."""
+
+    def __init__(self, snapshot_of: Callable[[str, tuple[Mapping[str, Any], ...]], NodeSnapshot],
+                 pods: Iterable[Mapping[str, Any]] = (), pdbs: Iterable[Mapping[str, Any]] = ()):
+        self._snapshot_of, self._pods, self._pdbs = snapshot_of, pods, tuple(pdbs)
+        self._deciding: tuple[Mapping[str, Any], ...] = ()
+        self._snapshots: dict[str, NodeSnapshot] = {}
+
+    def group_formed(self, pods) -> None:
+        if tuple(pods) != self._deciding:
+            self._deciding, self._snapshots = tuple(pods), {}
+
+    def snapshot(self, node: str) -> NodeSnapshot:
+        if node not in self._snapshots:
+            self._snapshots[node] = self._snapshot_of(node, self._deciding)
+        return self._snapshots[node]
+
+    def pdbs(self, node: NodeSnapshot) -> tuple[Mapping[str, Any], ...]:
+        return self._pdbs
+
+    def members_of(self, key: tuple[str, ...]) -> tuple[tuple[str, PodInfo], ...]:
+        return ()  # a victim's gang members on other nodes are not looked up here (bind does)
+
+    def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
+        pending, bound = [], []
+        for other in self._pods:
+            if workload_of(other) != key or is_terminal(other):
+                continue
+            if spec(other).get("nodeName"):
+                bound.append(_name_of(other))
+            elif spec(other).get("schedulerName") == SCHEDULER_NAME and not metadata(other).get("deletionTimestamp"):
+                pending.append(other)
+        return WorkloadMembers(pending, bound)
+
+    def nodes(self) -> dict[str, str]:
+        """Each bound pod's node, by namespace/name."""
+        return {_name_of(p): str(spec(p)["nodeName"]) for p in self._pods if spec(p).get("nodeName")}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What bind would do with one pod now (`scheduling`), and with its gang (`gang`, None for a
+    pod alone): one rendering of one Verdict."""
+
+    scheduling: Scheduling
+    gang: Gang | None = None
+
+
+def answer(pod: Mapping[str, Any], framework: Framework, view: ReadView) -> Answer:
+    """What bind's next attempt would decide for `pod`: its framework's dry run (PreEnqueue, the
+    pod's group, PreFilter, Filter, the group's quorum and PostFilter's choice), rendered as bind
+    words it: the message of a refusal is the one bind's FailedScheduling Event gives the pod."""
+    decision = bind_decision(pod)
+    if isinstance(decision, Ignore):  # bind's own words quote schedulerName as Python would
+        said = Scheduling("nothing", spec(pod).get("nodeName") or "", "", "Ignored", not_ours(pod) or decision.why)
+        return Answer(said, _bound_member_gang(pod, framework, view) if spec(pod).get("nodeName") else None)
+    verdict = framework.evaluate(pod, view)
+    gang = None if verdict.group.alone else _gang_of(verdict, view.nodes())
+    return Answer(_scheduling(pod, verdict), gang)
+
+
+def _bound_member_gang(pod: Mapping[str, Any], framework: Framework, view: ReadView) -> Gang | None:
+    """A bound pod's gang, as its pending members' cycle sees it (the pod among the bound)."""
+    group = framework.group_of(pod, view)
+    if group.alone:
         return None
-    key, pending, bound = workload_of(pod), [], {}
-    for other in pods:
-        if workload_of(other) != key or is_terminal(other):
-            continue
-        if spec(other).get("nodeName"):
-            bound[_name_of(other)] = str(spec(other)["nodeName"])
-        elif (spec(other).get("schedulerName") == SCHEDULER_NAME and not metadata(other).get("deletionTimestamp")
-              and GANG_ANNOTATION in (metadata(other).get("annotations") or {})):
-            pending.append(other)
-    gang = gang_of(pod, pending, bound)
-    if spec(pod).get("nodeName"):  # a bound member: its gang's pending members are the rest
-        uid = metadata(pod).get("uid")
-        gang = GangSnapshot(gang.name, gang.size, tuple(p for p in gang.pending if metadata(p).get("uid") != uid),
-                            tuple(sorted({*gang.bound, _name_of(pod)})))
-    return gang, bound
+    uid = metadata(pod).get("uid")
+    others = [p for p in group.pending if p is not pod and (not uid or metadata(p).get("uid") != uid)]
+    if others:
+        return _gang_of(framework.evaluate(others[0], view), view.nodes())
+    nodes = view.nodes()
+    return Gang(group.name, group.min_count, tuple(GangMember(name, BOUND, nodes.get(name, "")) for name in group.bound))
 
 
-def gang_scheduling(gang: GangSnapshot, framework: Framework, snapshot_of: Callable[[str], NodeSnapshot],
-                    nodes: Mapping[str, str] | None = None) -> Gang:
-    """What bind decides for the gang now (Framework.decide_gang on the snapshots `snapshot_of`
-    reads, every member decided): each member's state, and the gang's verdict. A refusal's message
-    is the one bind's FailedScheduling Event gives each pending member. `nodes`: each bound
-    member's node."""
-    decided = framework.decide_gang(gang, snapshot_of, every_member=True)
-    members = [GangMember(name, BOUND, (nodes or {}).get(name, "")) for name in gang.bound]
-    for member in decided.members:
-        node = member.decision.node.name if member.decision.node else ""
-        status = member.decision.status
+def _scheduling(pod: Mapping[str, Any], verdict: Verdict, as_gang: bool = False) -> Scheduling:
+    """The verdict for `pod` (or, `as_gang`, for its whole gang)."""
+    status = verdict.status
+    mine = verdict.of(pod)
+    node = mine.decision.node_name if mine else ""
+    if status.ok:
+        if not as_gang:
+            return Scheduling("bind", node, "", "Bind", f"bind to {node}")
+        placeable = sum(1 for m in verdict.members if m.decision.status.ok)
+        return Scheduling("bind", "", "", "Bind", f"bind {placeable} members together"
+                          + (f" ({len(verdict.group.bound)} bound already)" if verdict.group.bound else ""))
+    if verdict.phase == PRE_ENQUEUE:
+        return Scheduling("wait", "", status.plugin, status.reason, status.message, tuple(retried_on(status.plugin)))
+    waits = verdict.waits_on
+    if waits is not None and not verdict.group.alone:
+        node = waits.decision.node_name
+    again = tuple(retried_on(waits.decision.status.plugin if waits else status.plugin))
+    if status.reason == gangs.MEMBERS_MISSING:
+        again = (*again, "a member of the gang created")
+    preemption = verdict.post_filter.explained if verdict.post_filter else ""
+    return Scheduling("wait", node, status.plugin, status.reason, status.message, again, preemption)
+
+
+def _gang_of(verdict: Verdict, nodes: Mapping[str, str]) -> Gang:
+    """The gang as plan and explain show it: each member's own state, and the gang's verdict."""
+    group = verdict.group
+    members = [GangMember(name, BOUND, nodes.get(name, "")) for name in group.bound]
+    for member in verdict.members:
+        node, status = member.decision.node_name, member.decision.status
         members.append(GangMember(member.name, PLACEABLE, node) if status.ok else
                        GangMember(member.name, REFUSED, node, status.plugin, status.message))
-    status = decided.status
-    if status.ok:
-        verdict = Scheduling("bind", "", "", "Bind", f"bind {len(decided.placeable)} members together"
-                             + (f" ({len(gang.bound)} bound already)" if gang.bound else ""))
-    else:
-        waits = decided.waits_on
-        node = waits.decision.node.name if waits and waits.decision.node else ""
-        again = tuple(retried_on(waits.decision.status.plugin)) if waits else ()
-        if status.reason == gangs.MEMBERS_MISSING:
-            again = (*again, "a member of the gang created")
-        verdict = Scheduling("wait", node, status.plugin, status.reason, status.message, again)
-    return Gang(gang.name, gang.size, tuple(members), verdict)
+    return Gang(group.name, group.min_count, tuple(members),
+                _scheduling(group.pending[0], verdict, as_gang=True) if group.pending else None)
 
 
 @dataclass(frozen=True)
@@ -485,29 +556,6 @@ class Scheduling:
     @property
     def placeable(self) -> bool:
         return self.action != "wait"
-
-
-def scheduling(pod: Mapping[str, Any], framework: Framework,
-               snapshot_of: Callable[[str], NodeSnapshot], pdbs: Iterable[Mapping[str, Any]] = ()) -> Scheduling:
-    """What bind's next attempt would decide for `pod`: PreFilter and Filter of its profile, on
-    the snapshot of the pod's node that `snapshot_of` reads; refused there, its PostFilter's
-    choice of victims (`pdbs`: the PodDisruptionBudgets that may protect them)."""
-    decision = bind_decision(pod)
-    if isinstance(decision, Ignore):  # bind's own words quote schedulerName as Python would
-        return Scheduling("nothing", spec(pod).get("nodeName") or "", "", "Ignored", not_ours(pod) or decision.why)
-    verdict = framework.decide(pod, snapshot_of)
-    node = verdict.node.name if verdict.node else ""
-    if verdict.status.ok:
-        return Scheduling("bind", node, "", "Bind", f"bind to {node}")
-    preemption, message = "", verdict.status.message
-    if verdict.node is not None and verdict.status.refused:
-        for plugin in framework.profile.post_filter:
-            if isinstance(plugin, DefaultPreemption):
-                preemption, said = explained(pod, verdict.node, verdict.status, verdict.state, plugin.filters,
-                                             tuple(pdbs))
-                message = f"{message}; preemption: {said}" if said else message  # as bind's Event words it
-    return Scheduling("wait", node, verdict.status.plugin, verdict.status.reason, message,
-                      tuple(retried_on(verdict.status.plugin)), preemption)
 
 
 RETRIED_ANYWAY = f"and within {UNSCHEDULABLE_FLUSH_SECONDS:g} s in any case"

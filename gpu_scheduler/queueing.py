@@ -16,10 +16,7 @@ from .framework.events import (  # noqa: F401 (the views name the events they re
     SLICE_ADD, SLICE_DELETE, SLICE_UPDATE,
 )
 from .framework.events import DESCRIBED
-from .framework.profile import events_to_register
-
-# Each plugin's name -> the cluster events that can undo its refusal, as the plugins register them.
-EVENTS_TO_REGISTER = events_to_register()
+from .plugins.registry import EVENTS_TO_REGISTER  # each plugin's name -> the events that can undo its refusal
 
 INITIAL_BACKOFF_SECONDS = 0.5
 # kube-scheduler's podMaxBackoffSeconds is 10; bind's is lower so that a replica refused while

@@ -6,8 +6,9 @@ Every entry is checked by bind's own framework (`Framework.decide`, PreFilter an
 default profile) on the snapshot of its node, so bind's filters pass it at that moment. The
 framework does not refuse a device to another replica of the same workload (replicas of one
 workload may share), so the devices chosen for earlier replicas are taken out here, and each
-replica placed is added to its node's snapshot (its requests, host ports, devices; in DRA mode the
-devices its claim will hold) before the next one is chosen.
+replica placed is assumed on its node's snapshot by the framework (`Framework.assume`: its
+requests, host ports, devices; in DRA mode the devices its claim will hold) before the next one is
+chosen.
 
 Which devices a node offers: GPU indexes 0..nvidia.com/gpu-1 (its capacity); in DRA mode the
 devices its ResourceSlices publish, each as the map device bind's device rule turns into it, kept
@@ -17,20 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from . import ANNOTATION
 from .devices import DRA, MODE_ANNOTATION
-from .fit import DEVICES_ANNOTATION, PodInfo
-from .framework.config import SchedulerConfig
+from .fit import DEVICES_ANNOTATION
+from .plugins.config import SchedulerConfig
 from .framework.interface import Status
-from .framework.runtime import Framework
+from .framework.runtime import Decision, Framework
 from .framework.snapshot import NodeSnapshot
 from .nodecheck import GPU_RESOURCE, gpu_capacity
 from .placement import metadata, spec
 from .plan import ManifestError, Workload, pod_for, pod_name
-from .plugins import dra
-from .plugins.dynamicresources import WANTED
+from .plugins.dynamicresources import allocator as dra
 from .schedmap import MapError, parse_map
 
 SPREAD, PACK = "spread", "pack"
@@ -270,23 +270,17 @@ class _Node:
         self.replicas = 0
         self.verdicts: dict[tuple[str, str], Status] = {}
 
-    def take(self, pod: Mapping[str, Any], choice: Choice, wanted: dra.Wanted | None) -> None:
-        meta = dict(pod["metadata"])
-        meta["uid"] = f"suggested/{meta.get('namespace')}/{choice.pod}"
-        meta["annotations"] = {**meta.get("annotations", {}), DEVICES_ANNOTATION: ",".join(choice.devices)}
-        placed = {**pod, "metadata": meta, "spec": {**pod["spec"], "nodeName": choice.node}}
-        held = dict(self.snapshot.held)
-        for _, device in (wanted.requests if wanted else ()):
-            held[device] = f"{wanted.namespace}/{wanted.claim}"
-        self.snapshot = dataclasses.replace(self.snapshot, info=self.snapshot.info.plus(PodInfo.of(placed)), held=held)
+    def take(self, snapshot: NodeSnapshot, choice: Choice) -> None:
+        """The replica placed here: the node as the framework assumes it (its devices counted, its
+        claim's devices held)."""
+        self.snapshot = snapshot
         self.given.update(choice.devices)
         self.replicas += 1
         self.verdicts.clear()  # the node changed: its devices are decided again
 
 
-def _verdict(framework: Framework, pod: Mapping[str, Any], node: _Node) -> tuple[Status, Any]:
-    decision = framework.decide(pod, lambda _: node.snapshot)
-    return decision.status, decision.state.read(WANTED)
+def _verdict(framework: Framework, pod: Mapping[str, Any], node: _Node) -> Decision:
+    return framework.decide(pod, lambda _: node.snapshot)
 
 
 def _free(framework: Framework, work: Workload, index: int, node: _Node, offered: Offer) -> NodeFree:
@@ -299,7 +293,7 @@ def _free(framework: Framework, work: Workload, index: int, node: _Node, offered
         key = (f"{work.kind}/{work.namespace}/{work.name}", device)
         status = node.verdicts.get(key)
         if status is None:
-            status, _ = _verdict(framework, candidate_pod(work, index, f"{index}={node.snapshot.name}:{device}"), node)
+            status = _verdict(framework, candidate_pod(work, index, f"{index}={node.snapshot.name}:{device}"), node).status
             node.verdicts[key] = status
         if status.ok:
             free.append(device)
@@ -357,11 +351,13 @@ def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy
             continue
         entry = f"{index}={node.snapshot.name}:{','.join(devices)}"
         pod = candidate_pod(work, index, entry)
-        status, wanted = _verdict(framework, pod, node)
-        if not status.ok:
+        decision = _verdict(framework, pod, node)
+        if not decision.status.ok:
             continue
         choice = Choice(index, pod_name(pod_for(work, index)), node.snapshot.name, devices)
-        node.take(pod, choice, wanted)
+        meta = {**pod["metadata"], "uid": f"suggested/{pod['metadata'].get('namespace')}/{choice.pod}",
+                "annotations": {**pod["metadata"].get("annotations", {}), DEVICES_ANNOTATION: ",".join(devices)}}
+        node.take(framework.assume(decision, {**pod, "metadata": meta}), choice)
         counts[node.snapshot.name] += 1
         return choice
     return None

@@ -17,14 +17,12 @@ from gpu_scheduler import plan as core
 from gpu_scheduler import suggest as suggesting
 from gpu_scheduler.suggest import PACK, SPREAD
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
-from gpu_scheduler.plugins import dra
-from gpu_scheduler.plugins.dra import uses_dra
+from gpu_scheduler.plugins.dynamicresources import allocator as dra
+from gpu_scheduler.plugins.dynamicresources.allocator import uses_dra
 from gpu_scheduler import ANNOTATION
-from gpu_scheduler.framework.config import DEFAULT_NAMESPACE, SchedulerConfig
-from gpu_scheduler.framework.profile import default_profile
 from gpu_scheduler.framework.runtime import Framework
-from gpu_scheduler.framework.snapshot import GangSnapshot
-from gpu_scheduler.plugins.gang import gang_size_or_none
+from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
+from gpu_scheduler.plugins.registry import new_framework
 from gpu_scheduler.placement import NotPlaceable, map_text, resolve
 from gpu_scheduler.quota import counted as quota_requests_of
 from gpu_scheduler.quota import with_quota_requests_of
@@ -245,26 +243,16 @@ def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
 
 def framework(args) -> Framework:
     """bind's framework, with bind's settings as the flags give them."""
-    return Framework(default_profile(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args),
-                                                     args.quota == "true")))
+    return new_framework(SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args),
+                                         args.quota == "true"))
 
 
-def scheduling(cluster, args, pod: dict[str, Any], pdbs=()) -> core.Scheduling:
-    """What bind's next attempt decides for `pod`: its framework, on the pod's node as read now."""
-    return core.scheduling(pod, framework(args), lambda node: cluster.snapshot(node, pod, args.scheduler_namespace),
-                           pdbs)
-
-
-def gang_scheduling(cluster, args, gang: GangSnapshot, nodes=None) -> core.Gang:
-    """What bind decides for a gang now: its framework's decide_gang, on each member's node as read
-    now, each node read once for all its members."""
-    snapshots: dict[str, Any] = {}
-
-    def snapshot_of(node: str):
-        if node not in snapshots:
-            snapshots[node] = cluster.gang_snapshot(node, gang.pending, args.scheduler_namespace)
-        return snapshots[node]
-    return core.gang_scheduling(gang, framework(args), snapshot_of, nodes)
+def read_view(cluster, args, pods=(), pdbs=()) -> core.ReadView:
+    """What bind's framework reads, as read now: each node once per group of pods decided on it
+    (with their claims), the namespace's pods (`pods`: read lazily, only for a pod's group), and
+    the PodDisruptionBudgets."""
+    return core.ReadView(lambda node, deciding: cluster.gang_snapshot(node, deciding, args.scheduler_namespace),
+                         pods, pdbs)
 
 
 def _rules(args) -> dict[str, dra.Rule]:
@@ -304,6 +292,10 @@ def admitted(row: core.Row, cluster) -> dict[str, Any]:
     pod = {**row.pod_object, "metadata": meta}
     if live is not None:  # what the API server counted for quotas is the live pod's, not the manifest's
         pod = with_quota_requests_of(pod, live)
+        # and its priority is what admission resolved from its priorityClassName (preemption reads it)
+        live_spec = live.get("spec") or {}
+        pod["spec"] = {**(pod.get("spec") or {}), **{key: live_spec[key] for key in ("priority", "preemptionPolicy")
+                                                     if key in live_spec}}
     if row.mode == DRA and not uses_dra(pod):
         pod_spec = dict(pod.get("spec") or {})
         entry = {"name": dra.POD_CLAIM, "resourceClaimName": dra.claim_name(row.pod)}
@@ -319,13 +311,6 @@ def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     return dra_claim(cluster, args, pod, row.index, row.placement)
 
 
-def _planned_gang(cluster, args, plan: core.WorkloadPlan, pods: list, decided: list[core.Scheduling]) -> core.Gang:
-    """The gang of the pods plan expects, as bind will decide it: those of them bind places
-    (its own scheduler's) are the pending members, none bound yet."""
-    members = tuple(pod for pod, verdict in zip(pods, decided) if verdict.action != "nothing")
-    return gang_scheduling(cluster, args, GangSnapshot(plan.gang.name, plan.gang.size, members))
-
-
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     _rules(args)  # refused before anything is read, as bind refuses them at start
     cluster, namespace = connect(args) if args.cluster else (None, args.namespace or "default")
@@ -333,12 +318,10 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     workloads = []
     for document, plan in _workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors):
         pods = [admitted(row, cluster) for row in plan.rows] if cluster else []
-        decided = [scheduling(cluster, args, pod) for pod in pods]
-        gang = plan.gang
-        if cluster and gang is not None:
-            gang = _planned_gang(cluster, args, plan, pods, decided)
-            if not gang.verdict.placeable:  # bind's Event for each member is the gang's refusal
-                decided = [gang.verdict if verdict.action != "nothing" else verdict for verdict in decided]
+        fw, view = (framework(args), read_view(cluster, args, pods, cluster.pdbs())) if cluster else (None, None)
+        answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
+        decided = [a.scheduling for a in answers]
+        gang = next((a.gang for a in answers if a.gang is not None), plan.gang)
         rows = []
         for position, row in enumerate(plan.rows):
             claim = _dra_row(cluster, args, row)
@@ -360,18 +343,6 @@ def _event(event: dict[str, Any]) -> dict[str, Any]:
     return {"type": event.get("type"), "reason": event.get("reason"), "count": event.get("count") or 1,
             "lastTimestamp": event.get("lastTimestamp") or event.get("eventTime") or None,
             "message": event.get("message")}
-
-
-def _live_gang(cluster, args, pod: dict[str, Any]) -> core.Gang | None:
-    """The pod's gang as bind sees it (its workload's pods in its namespace) and what bind decides
-    for it now; None when the pod is no gang's member (nothing more is read)."""
-    if gang_size_or_none(pod) is None:
-        return None
-    found = core.live_gang(pod, cluster.pods_in(str((pod.get("metadata") or {}).get("namespace") or "")))
-    if found is None:
-        return None
-    gang, nodes = found
-    return gang_scheduling(cluster, args, gang, nodes)
 
 
 def run_explain(args) -> dict[str, Any]:
@@ -401,12 +372,11 @@ def run_explain(args) -> dict[str, Any]:
     answer["env"] = env
     answer["podScheduled"] = core.pod_scheduled(pod)
     answer["events"] = [_event(e) for e in core.scheduler_events(cluster.events(pod))]
-    decided = scheduling(cluster, args, pod, cluster.pdbs())
-    gang = _live_gang(cluster, args, pod)
-    if gang is not None:
-        answer["gang"] = output.gang_dict(gang)
-        if not gang.verdict.placeable and decided.action != "nothing":  # bind's Event for it: the gang's refusal
-            decided = gang.verdict
+    namespace_pods = core.Lazy(lambda: cluster.pods_in(namespace))  # read only for a pod's group
+    said = core.answer(pod, framework(args), read_view(cluster, args, namespace_pods, cluster.pdbs()))
+    decided = said.scheduling
+    if said.gang is not None:
+        answer["gang"] = output.gang_dict(said.gang)
     answer["scheduling"] = {"action": decided.action, "node": decided.node or None, "plugin": decided.plugin or None,
                             "reason": decided.reason, "message": decided.message,
                             "retriedOn": list(decided.retried_on),

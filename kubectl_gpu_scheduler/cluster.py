@@ -4,10 +4,10 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from gpu_scheduler.plugins import dra
+from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.fit import NodeInfo
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
-from gpu_scheduler.plugins.dynamicresources import claim_key
+from gpu_scheduler.plugins.dynamicresources.plugin import claim_key
 from gpu_scheduler.quota import gpu_quotas
 from gpu_scheduler.records import RECORD_SELECTOR, Record
 

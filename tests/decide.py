@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from gpu_scheduler.fit import NodeInfo
-from gpu_scheduler.framework.config import SchedulerConfig
-from gpu_scheduler.framework.interface import CycleState, Status
-from gpu_scheduler.framework.profile import default_profile
+from gpu_scheduler.framework.interface import DEVICES, CycleState, Status
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.placement import Resolved
 from gpu_scheduler.plugins.mapentry import RESOLVED
+from gpu_scheduler.plugins.registry import new_framework
 from gpu_scheduler.schedmap import Placement
 
-FILTERS = default_profile(SchedulerConfig()).filter
+FRAMEWORK = new_framework()
 
 
 def refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: Placement,
@@ -22,14 +21,12 @@ def refusal(pod: Mapping[str, Any], node: Mapping[str, Any] | None, placement: P
     placed by `placement` whatever its map says."""
     state = CycleState()
     state.write(RESOLVED, Resolved(0, placement, {0: placement}))
+    state.write(DEVICES, placement.devices)
     info = pods_on_node if isinstance(pods_on_node, NodeInfo) else NodeInfo.of(pods_on_node)
     info = info.without(str((pod.get("metadata") or {}).get("uid") or ""))
     snapshot = NodeSnapshot(placement.node, node, info)
-    for plugin in FILTERS:
-        status = plugin.filter(state, pod, snapshot)
-        if not status.ok:
-            return status
-    return None
+    status = FRAMEWORK.run_filters(state, pod, snapshot)
+    return None if status.ok else status
 
 
 def problem(pod, node, placement, pods_on_node=()) -> str | None:

@@ -252,7 +252,7 @@ def test_json_log_lines_carry_the_extra_fields(monkeypatch):
     import json
     import logging
 
-    from gpu_scheduler import jsonlog
+    from serving import jsonlog
 
     record = logging.LogRecord("bind", logging.WARNING, __file__, 1, "placement %s", ("x",), None)
     record.pod, record.latency_ms = "ns/w-0", 1.5

@@ -1,4 +1,4 @@
-"""DRA mode's pure core: gpu_scheduler.plugins.dra. Rules, matching a map's devices to ResourceSlice
+"""DRA mode's pure core: gpu_scheduler.plugins.dynamicresources.allocator. Rules, matching a map's devices to ResourceSlice
 devices (zero, one, two; pool generations), devices held by other claims, and the claim's steps
 (create, finalizer, allocation and reservation; idempotent; conflicts)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from gpu_scheduler.plugins import dra
-from gpu_scheduler.plugins.dra import (
+from gpu_scheduler.plugins.dynamicresources import allocator as dra
+from gpu_scheduler.plugins.dynamicresources.allocator import (
     FINALIZER, Blocked, Create, Device, Ready, RuleError, Update, UpdateStatus, allocated, allocation_for, claim_for,
     claim_step, device_class, node_devices, parse_rules, rule_for, uses_dra, wanted_devices,
 )

@@ -9,7 +9,7 @@ from kubernetes import config
 from kubernetes.client import Configuration
 from kubeapi.errors import APIError
 
-from gpu_scheduler.plugins.dra import FINALIZER
+from gpu_scheduler.plugins.dynamicresources.allocator import FINALIZER
 from kubeapi.client import Kube
 from test_end_to_end import pod_manifest
 

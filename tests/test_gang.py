@@ -1,9 +1,10 @@
-"""Gangs in the framework (gpu_scheduler/plugins/gang.py, runtime.decide_gang and schedule_gang)
-with plugins made in the test: the annotation's values, the three quorums and their words, the
+"""Gangs in the framework's one cycle (gpu_scheduler/plugins/gang.py as PodGroup, PreFilter and
+Permit; runtime.schedule and evaluate) with plugins made in the test: the annotation's values, the three quorums and their words, the
 reservation order, and every member unreserved when one fails before the Bindings. No Kubernetes
 API: the handle only records what was asked (the real stack's tests are test_gang_cluster.py)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -14,7 +15,8 @@ from gpu_scheduler.framework.profile import Profile
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.plugins.gang import (
-    GANG_ANNOTATION, MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, GangError, gang_of, gang_size,
+    GANG_ANNOTATION, MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, GangError, WorkloadMembers, gang_of,
+    gang_size,
 )
 from gpu_scheduler.plugins.mapentry import MapEntry, resolved
 from test_framework import NODE, Handle, Step
@@ -48,7 +50,19 @@ def test_a_malformed_gang_size_names_the_fix(value):
 
 
 class Members(Handle):
-    """Nodes by name; a node's refusal by the Step filter given per node; assume always holds."""
+    """Nodes by name; a node's refusal by the Step filter given per node; assume always holds; the
+    workload's pods as `members` (the Gang plugin's WorkloadPods)."""
+
+    members = WorkloadMembers((), ())
+
+    def workload_pods(self, key):
+        return self.members
+
+    def group_lock(self, group):
+        return contextlib.nullcontext()
+
+    def assumed(self, pod):
+        return False
 
     def snapshot(self, node):
         self.calls.append(f"snapshot {node}")
@@ -92,7 +106,14 @@ class PerNode(Step):
 
 def framework(step: PerNode) -> Framework:
     gang = Gang()
-    return Framework(Profile((MapEntry(), gang), (step,), (), (step,), (gang,), (step,), (step,)))
+    return Framework(Profile(pod_group=(gang,), pre_filter=(MapEntry(), gang), filter=(step,), reserve=(step,),
+                             permit=(gang,), pre_bind=(step,), bind=(step,)))
+
+
+def schedule(framework: Framework, group, handle: Members):
+    """The cycle of the group's first pending member, its workload's pods being the group's."""
+    handle.members = WorkloadMembers(group.pending, group.bound)
+    return framework.schedule(group.pending[0], handle)
 
 
 def gang(*indexes: int, bound=(), size: str = "true"):
@@ -102,7 +123,7 @@ def gang(*indexes: int, bound=(), size: str = "true"):
 
 def test_members_missing_decide_nothing_and_say_how_many_exist():
     handle = Members()
-    outcome = framework(PerNode("s")).schedule_gang(gang(0, 1), handle)
+    outcome = schedule(framework(PerNode("s")), gang(0, 1), handle)
     assert outcome.status.code is Code.UNSCHEDULABLE and outcome.status.reason == MEMBERS_MISSING
     assert outcome.status.message.startswith("gang ns/train: 2 of 3 members exist;")
     assert "podManagementPolicy: Parallel" in outcome.status.message
@@ -112,18 +133,18 @@ def test_members_missing_decide_nothing_and_say_how_many_exist():
 def test_a_refused_member_holds_the_gang_back_with_nothing_reserved():
     handle = Members()
     step = PerNode("s", answers={("filter", "node1"): unschedulable("GPUsHeld", "GPU 1 on node1 is held by ns/x-0")})
-    outcome = framework(step).schedule_gang(gang(0, 1, 2), handle)
+    outcome = schedule(framework(step), gang(0, 1, 2), handle)
     assert outcome.status.reason == MEMBERS_REFUSED and outcome.status.plugin == "Gang"
     assert outcome.status.message == "gang ns/train: 1 of 3 members placeable; member train-1: GPU 1 on node1 is held by ns/x-0"
     assert (outcome.waits_on.status.plugin, outcome.waits_on.node) == ("GPUsHeld", "node1")
     assert not [c for c in handle.calls if not c.startswith("snapshot")]  # decided only: nothing assumed or written
-    assert [pod["metadata"]["name"] for pod, _ in outcome.members] == ["train-0", "train-1", "train-2"]
+    assert [o.pod["metadata"]["name"] for o in outcome.members] == ["train-0", "train-1", "train-2"]
 
 
 def test_members_are_reserved_in_node_then_device_order_and_bound_after_every_prebind():
     handle = Members()
-    outcome = framework(PerNode("s")).schedule_gang(gang(0, 1, 2), handle)
-    assert outcome.status.ok and all(o.bound for _, o in outcome.members)
+    outcome = schedule(framework(PerNode("s")), gang(0, 1, 2), handle)
+    assert outcome.status.ok and all(o.bound for o in outcome.members)
     writes = [c for c in handle.calls if not c.startswith("snapshot")]
     assert writes == ["assume train-1", "reserve train-1", "assume train-2", "reserve train-2",  # node1: 0, then 1
                       "assume train-0", "reserve train-0",  # node2
@@ -134,7 +155,7 @@ def test_members_are_reserved_in_node_then_device_order_and_bound_after_every_pr
 def test_a_lost_reservation_unreserves_every_member_in_reverse_and_binds_none():
     handle = Members()
     lost = unschedulable("GPUsHeld", "GPU 1 on node2 is held by ns/other-0")
-    outcome = framework(PerNode("s", answers={("reserve", "train-0"): lost})).schedule_gang(gang(0, 1, 2), handle)
+    outcome = schedule(framework(PerNode("s", answers={("reserve", "train-0"): lost})), gang(0, 1, 2), handle)
     assert outcome.status.reason == RESERVATION_LOST
     assert outcome.status.message.startswith("gang ns/train: 2 of 3 members reserved, the rest released; member train-0")
     writes = [c for c in handle.calls if not c.startswith("snapshot")]
@@ -146,7 +167,7 @@ def test_a_lost_reservation_unreserves_every_member_in_reverse_and_binds_none():
 def test_an_api_failure_while_reserving_releases_all_and_is_retried():
     handle = Members()
     failed = error("GPUsHeld", "writing the record of GPU 0 on node1: connection refused")
-    outcome = framework(PerNode("s", answers={("reserve", "train-2"): failed})).schedule_gang(gang(0, 1, 2), handle)
+    outcome = schedule(framework(PerNode("s", answers={("reserve", "train-2"): failed})), gang(0, 1, 2), handle)
     assert outcome.status.code is Code.ERROR and outcome.status.reason == "Retry"
     assert "member train-2" in outcome.status.message
     assert "unreserve train-1" in handle.calls and not any(c.startswith("bind") for c in handle.calls)
@@ -156,32 +177,39 @@ def test_bound_members_count_so_a_re_created_member_goes_alone():
     handle = Members()
     pods = [member(1)]
     alone = gang_of(pods[0], pods, ["ns/train-0", "ns/train-2"])
-    outcome = framework(PerNode("s")).schedule_gang(alone, handle)
-    assert outcome.status.ok and [o.bound for _, o in outcome.members] == [True]
+    outcome = schedule(framework(PerNode("s")), alone, handle)
+    assert outcome.status.ok and [o.bound for o in outcome.members] == [True]
 
 
 def test_a_gang_of_n_binds_once_n_are_placeable_and_leaves_the_refused_one_its_own_reason():
     handle = Members()
     step = PerNode("s", answers={("filter", "node2"): unschedulable("NodeReady", "node node2 is not Ready")})
-    outcome = framework(step).schedule_gang(gang(0, 1, 2, size="2"), handle)
-    by_name = {pod["metadata"]["name"]: o for pod, o in outcome.members}
+    outcome = schedule(framework(step), gang(0, 1, 2, size="2"), handle)
+    by_name = {o.pod["metadata"]["name"]: o for o in outcome.members}
     assert by_name["train-1"].bound and by_name["train-2"].bound
     assert by_name["train-0"].status.plugin == "NodeReady"
 
 
-def test_a_member_alone_never_waits_in_permit():
-    """schedule() is for pods of no gang: a gang member there is an error, not a silent hold."""
-    outcome = framework(PerNode("s")).schedule(member(0), Members())
+def test_a_pod_alone_never_waits_in_permit():
+    """A pod that no PodGroup plugin groups goes alone: a Permit that asks it to wait is an error,
+    not a silent hold."""
+    gang = Gang()
+    alone = Framework(Profile(pre_filter=(MapEntry(), gang), permit=(gang,), bind=(PerNode("s"),)))
+    [outcome] = alone.schedule(member(0), Members()).members
     assert outcome.status.code is Code.ERROR and outcome.phase == "Permit"
 
 
 def test_a_malformed_gang_is_refused_by_its_prefilter_alone():
-    outcome = framework(PerNode("s")).schedule(member(0, "many"), Members())
-    assert (outcome.status.plugin, outcome.status.code, outcome.phase) == ("Gang", Code.UNRESOLVABLE, "PreFilter")
+    [outcome] = framework(PerNode("s")).schedule(member(0, "many"), Members()).members
+    assert (outcome.status.plugin, outcome.status.code, outcome.phase) == (
+        "Gang", Code.UNSCHEDULABLE_AND_UNRESOLVABLE, "PreFilter")
 
 
 def test_explain_decides_every_member_even_when_some_are_missing():
-    decided = framework(PerNode("s")).decide_gang(gang(0, 1), Members().snapshot, every_member=True)
+    handle = Members()
+    group = gang(0, 1)
+    handle.members = WorkloadMembers(group.pending, group.bound)
+    decided = framework(PerNode("s")).evaluate(group.pending[0], handle)
     assert decided.status.reason == MEMBERS_MISSING and [m.name for m in decided.members] == ["ns/train-0", "ns/train-1"]
     assert all(m.decision.status.ok for m in decided.members) and resolved(decided.members[0].decision.state).index == 0
 
@@ -189,9 +217,9 @@ def test_explain_decides_every_member_even_when_some_are_missing():
 def test_dra_unreserve_takes_back_the_allocation_this_attempt_wrote():
     """A gang member whose claim PreBind allocated, when a later member fails: the claim is
     deallocated at the version written, so the unbound member holds no device (DRA mode)."""
-    from gpu_scheduler.framework.config import SchedulerConfig
+    from gpu_scheduler.plugins.config import SchedulerConfig
     from gpu_scheduler.framework.interface import CycleState
-    from gpu_scheduler.plugins.dynamicresources import ALLOCATED, DynamicResources
+    from gpu_scheduler.plugins.dynamicresources.plugin import ALLOCATED, DynamicResources
 
     written = {"metadata": {"name": "train-0-gpus", "namespace": "ns", "resourceVersion": "7",
                             "finalizers": ["resource.kubernetes.io/delete-protection"]},

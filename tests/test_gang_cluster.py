@@ -166,8 +166,8 @@ def wait_all_bound(stack, namespace: str, name: str, count: int, timeout: float)
 
 
 def placed_as_mapped(pods: dict[str, dict], name: str, entries: list[str]) -> None:
-    assert {n: p["spec"]["nodeName"] for n, p in pods.items()} == \
-        {f"{name}-{i}": entry.split(":")[0] for i, entry in enumerate(entries)}
+    assert ({n: p["spec"]["nodeName"] for n, p in pods.items()} ==
+            {f"{name}-{i}": entry.split(":")[0] for i, entry in enumerate(entries)})
 
 
 def delete_workload(stack, namespace: str, name: str) -> None:
@@ -414,8 +414,8 @@ def test_bind_killed_between_two_bindings_of_a_gang_the_next_instance_binds_the_
             stack.apply(gang_statefulset(namespace, "relay", entries))
 
             def exited():
-                assert len(bound_of(members(stack, namespace, "relay"))) < len(entries), \
-                    f"the instance bound the whole gang without exiting:\n{dying.output()[-3000:]}"
+                assert len(bound_of(members(stack, namespace, "relay"))) < len(entries), (
+                    f"the instance bound the whole gang without exiting:\n{dying.output()[-3000:]}")
                 return worker not in children(dying.process.pid)  # exited, and reaped by its master
             stack.wait_for(exited, 30, "the instance's worker exiting after a Binding", interval=0.02)
         finally:
@@ -423,9 +423,9 @@ def test_bind_killed_between_two_bindings_of_a_gang_the_next_instance_binds_the_
         assert f"Worker (pid:{worker}) exited with code 17" in dying.output(), dying.output()[-3000:]
         bound = bound_of(members(stack, namespace, "relay"))
         assert len(bound) == 1, f"bound when the instance died: {bound}\n{dying.output()[-3000:]}"
-        assert {(r.node, r.device) for r in records_naming(stack, namespace, "relay")} == \
-            {(a, str(d)) for d in range(4)}, \
-            f"the gang's records, all written before its first Binding; bound: {bound}\n{dying.output()[-6000:]}"
+        assert ({(r.node, r.device) for r in records_naming(stack, namespace, "relay")} ==
+                {(a, str(d)) for d in range(4)}), (
+            f"the gang's records, all written before its first Binding; bound: {bound}\n{dying.output()[-6000:]}")
     finally:
         os.killpg(group, signal.SIGCONT)
     resumed = time.monotonic()

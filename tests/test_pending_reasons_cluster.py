@@ -7,7 +7,27 @@ exactly permissions.PLUGIN, must give the same plugin and message, and say it is
 Two rows of the table are left out: `binding to <node>: <API message>` (APIError, Retry) is an
 Event only, and so is a ResourceClaim refused by the namespace's device-class quota
 (DynamicResources, QuotaExceeded; tests/test_quota_cluster.py shows it). Both are the API refusing
-bind's own writes, which neither explain nor plan make: they have nothing to agree on.
+bind's own writes, which neither explain nor plan make: they have nothing to agree on. So is
+`binding to <node>: writing the record of GPU …: namespace 'gpu-scheduler' does not exist …`
+(GPUsHeld, APIError): bind's configuration, not the pod's situation. The Gang rows are
+tests/test_gang_plugin_cluster.py's (GangMemberRefused there).
+
+"Priority and preemption" rows: bind's message is the refusing row's (GPUsHeld here: a pod of
+ours holds the GPU) with "; preemption: …" added, and explain must give that message and, on its
+`Preemption:` line, the same part ("nobody can be preempted: <reason>" where bind says "nobody
+preempted: <reason>"). Nobody preempted: a holder of equal priority, the pod's preemptionPolicy
+Never, the holder's PodDisruptionBudget allowing no disruption, and a GPU of the entry held by a
+pod of equal priority (it would not fit even with every pod of lower priority gone). "would
+preempt X" (explain) and bind's `preemption: preempted X …; placed once they are gone` cannot be
+compared: bind evicts X at its first attempt, which changes the state, so explain (run after it)
+sees X Terminating and says what bind says next. The test waits for bind's "preempted" Event, then
+compares that next message (X terminating; the pod is placed once they are gone), and the row
+`GPU … is being freed for <preemptor> …` (GPUsHeld) of a pod of lower priority mapped to a GPU
+nominated for the preemptor. The pods evicted stay Terminating (no kubelet) until the namespace
+goes.
+
+SchedulingGated (plugin SchedulingGates) is a test of its own: bind writes no Event for a gated
+pod, only its PodScheduled condition, whose reason and message explain must give.
 
 Each row's situation is in place before its pod is created, so that bind's first answer is the
 row's, except "the pod's claim allocated elsewhere": the claim must be owned by the pod, whose UID
@@ -51,6 +71,10 @@ from test_dra_cluster import NVIDIA, RESOURCE, admin, dra_pod  # noqa: F401 (adm
 from test_end_to_end import pod_manifest, statefulset
 from test_fit_cluster import ALLOCATABLE, filler, resources
 from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
+from test_preemption_cluster import (
+    HIGH, HIGH_NEVER, LOW, PRIORITIES, bound_victim, create_priority_classes, evicted, with_class,
+)
+from test_preemption_cluster import workload as classed_workload
 from test_records_cluster import RECORDS, Nodes
 
 BIND_NAMESPACE = "gpu-scheduler"  # where the stack's bind keeps its records (functions/bind/placer.py)
@@ -78,6 +102,13 @@ PLUGINS = {
     "DynamicResources-no-matching-device": "DynamicResources",
     "DynamicResources-claim-allocated-elsewhere": "DynamicResources",
     "GPUQuota": "GPUQuota",
+    # "Priority and preemption": the refusing row's plugin, with "; preemption: …" added to its message
+    "Preemption-equal-priority": "GPUsHeld",
+    "Preemption-never": "GPUsHeld",
+    "Preemption-pdb": "GPUsHeld",
+    "Preemption-would-not-fit": "GPUsHeld",
+    "Preemption-victim-terminating": "GPUsHeld",
+    "GPUsHeld-being-freed": "GPUsHeld",
 }
 
 
@@ -373,6 +404,102 @@ def counted_for_less(s: Situation) -> Pending:
                    " known then): delete the pod, and its controller creates it again, counted")
 
 
+# -- "Priority and preemption": a pod refused on its node, and nobody preempted (or preempted already)
+def holder(s: Situation, name: str, entry: str, priority_class: str) -> dict:
+    """StatefulSet `name`'s one pod, of `priority_class`, bound by bind with `entry` (node:devices)."""
+    create_priority_classes(s.stack, PRIORITIES, HIGH_NEVER)
+    s.apply(classed_workload(s.namespace, name, entry, priority_class))
+    return bound_victim(s.stack, s.namespace, name)
+
+
+def preemptor(s: Situation, entry: str, priority_class: str) -> dict:
+    return s.apply(with_class(pod_manifest(s.namespace, "urgent-0", f"0={entry}\n"), priority_class))
+
+
+def held_by(s: Situation, node: str, device: str, pod: str) -> str:
+    """The start of GPUsHeld's refusal for a GPU another workload's pod holds (the rest names the
+    workload, in words of the pod's or of the record's)."""
+    return re.escape(f"GPU {device} on {node} is held by {s.namespace}/{pod}") + r"[ ,].*"
+
+
+def preemption_equal_priority(s: Situation) -> Pending:
+    node = s.node()
+    holder(s, "batch", f"{node}:1", HIGH)
+    pod = preemptor(s, f"{node}:1", HIGH)
+    return Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "batch-0") + re.escape(
+        f"; preemption: nobody preempted: no pod on {node} has a priority lower than this pod's 1000"
+        f" ({s.namespace}/batch-0: 1000)")))
+
+
+def preemption_never(s: Situation) -> Pending:
+    node = s.node()
+    holder(s, "batch", f"{node}:1", LOW)
+    pod = preemptor(s, f"{node}:1", HIGH_NEVER)
+    return Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "batch-0") + re.escape(
+        "; preemption: nobody preempted: the pod's preemptionPolicy is Never")))
+
+
+def preemption_pdb(s: Situation) -> Pending:
+    """The holder's budget (minAvailable 1 of its 1 replica) allows no disruption: seen by the
+    budget's controller (its status) before the preemptor is created."""
+    node = s.node()
+    holder(s, "batch", f"{node}:1", LOW)
+    s.apply({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "batch", "namespace": s.namespace},
+             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "batch"}}}})
+    s.stack.wait_for(lambda: (json.loads(s.stack.cp.get(
+        f"/apis/policy/v1/namespaces/{s.namespace}/poddisruptionbudgets/batch")).get("status") or {})
+        .get("currentHealthy") is not None, 30, "the budget's status")
+    pod = preemptor(s, f"{node}:1", HIGH)
+    return Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "batch-0") + re.escape(
+        f"; preemption: nobody preempted: evicting {s.namespace}/batch-0 would violate its PodDisruptionBudget"
+        f" {s.namespace}/batch allows 0 disruptions now")))
+
+
+def preemption_would_not_fit(s: Situation) -> Pending:
+    """GPU 1 held by a pod of lower priority, GPU 2 by one of equal priority: evicting the first
+    would not be enough, so nobody is."""
+    node = s.node()
+    holder(s, "low", f"{node}:1", LOW)
+    holder(s, "peer", f"{node}:2", HIGH)
+    pod = preemptor(s, f"{node}:1,2", HIGH)
+    return Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "low-0") + re.escape(
+        f"; preemption: nobody preempted: even with every pod of lower priority than 1000 gone from {node}, the pod"
+        " would not fit: ") + held_by(s, node, "2", "peer-0")))
+
+
+def preempted(s: Situation, entry: str) -> tuple[str, dict]:
+    """bind preempts the holder of GPU 1 (a pod of lower priority) for urgent-0, mapped to `entry`:
+    its first Event says so (the README's row "preemption: preempted …"); the victim stays
+    Terminating (no kubelet), and the devices of urgent-0's entry are nominated for it. The node and
+    urgent-0's manifest."""
+    node = s.node()
+    victim = holder(s, "batch", f"{node}:1", LOW)
+    pod = preemptor(s, entry.format(node=node), HIGH)
+    binds_event(s, Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "batch-0") + re.escape(
+        f"; preemption: preempted {s.namespace}/batch-0 (priority 10) on {node}; placed once they are gone"))))
+    evicted(s.stack, s.namespace, victim)
+    return node, pod
+
+
+def preemption_victim_terminating(s: Situation) -> Pending:
+    """After the eviction, what bind says to the preemptor while the victim terminates (it says
+    "preempted …" once: explain, run after it, sees the victim Terminating, and says this)."""
+    node, pod = preempted(s, "{node}:1")
+    s.stack.ping()  # tried again now, rather than on the victim's leaving
+    return Pending(s.namespace, "urgent-0", pod, re.compile(held_by(s, node, "1", "batch-0") + re.escape(
+        f"; preemption: {s.namespace}/batch-0 terminating on {node}; the pod is placed once they are gone")))
+
+
+def held_for_a_preemptor(s: Situation) -> Pending:
+    """urgent-0 maps GPUs 1 and 2 and preempts GPU 1's holder: both are nominated for it; a pod of
+    the default priority mapped to GPU 2 (free, but nominated) waits."""
+    node, _ = preempted(s, "{node}:1,2")
+    pod = s.apply(pod_manifest(s.namespace, "other-0", f"0={node}:2\n"))
+    return Pending(s.namespace, "other-0", pod, re.compile(re.escape(
+        f"GPU 2 on {node} is being freed for {s.namespace}/urgent-0 (priority 1000), which preempted its holder,"
+        " until ") + r"\d\d:\d\d:\d\d UTC"))
+
+
 SITUATIONS = {
     "NoMapEntry": no_map_entry,
     "MalformedMap": malformed_map,
@@ -394,6 +521,12 @@ SITUATIONS = {
     "DynamicResources-no-matching-device": dra_no_matching_device,
     "DynamicResources-claim-allocated-elsewhere": dra_claim_allocated_elsewhere,
     "GPUQuota": counted_for_less,
+    "Preemption-equal-priority": preemption_equal_priority,
+    "Preemption-never": preemption_never,
+    "Preemption-pdb": preemption_pdb,
+    "Preemption-would-not-fit": preemption_would_not_fit,
+    "Preemption-victim-terminating": preemption_victim_terminating,
+    "GPUsHeld-being-freed": held_for_a_preemptor,
 }
 assert SITUATIONS.keys() == PLUGINS.keys()
 
@@ -444,7 +577,8 @@ def explained(pending: Pending, kubeconfig: str) -> dict:
         answer = json.loads(out)
         scheduling = answer["scheduling"]
         return {"action": scheduling.get("action"), "plugin": scheduling.get("plugin"),
-                "message": same(scheduling.get("message")), "placeable": answer.get("placeable")}
+                "message": same(scheduling.get("message")), "placeable": answer.get("placeable"),
+                "preemption": scheduling.get("preemption")}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"exit": code, "stderr": err.strip(), "stdout": out[:300]}
 
@@ -460,6 +594,17 @@ def planned(pending: Pending, kubeconfig: str, path) -> dict:
                 "message": same(cluster.get("message")), "placeable": row.get("placeable")}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"exit": code, "stderr": err.strip(), "stdout": out[:300]}
+
+
+def preemption_line(message: str) -> str | None:
+    """explain's `Preemption:` line for bind's message: the part after "; preemption: ", in
+    explain's words ("nobody can be preempted: <reason>" where bind says "nobody preempted: <reason>";
+    the rest the same); None where bind's message has no such part."""
+    if "; preemption: " not in message:
+        return None
+    said = message.split("; preemption: ", 1)[1]
+    return "nobody can be preempted: " + said.removeprefix("nobody preempted: ") \
+        if said.startswith("nobody preempted: ") else said
 
 
 # The rows whose manifest plan refuses outright, and what its error must say, given bind's message.
@@ -490,13 +635,62 @@ def test_pending_row(stack, reader, situation, row, tmp_path):
         # Past its grace the record is free, and what explain and plan said compared nothing.
         assert time.monotonic() - situation.recorded < GRACE_SECONDS, "too slow for the record's grace"
     message = same(event["message"])
+    said = {"bind": {"plugin": PLUGINS[row], "message": message},
+            "explain": {"action": "wait", "plugin": PLUGINS[row], "message": message, "placeable": False,
+                        "preemption": preemption_line(message)}}
     if row in MANIFEST_ERRORS:  # plan refuses the manifest itself: see the module's docstring
         refused_manifest = verdicts.pop("plan")
         assert refused_manifest["exit"] == 2 and MANIFEST_ERRORS[row](message) in refused_manifest["stderr"]
-        assert verdicts == {"bind": {"plugin": PLUGINS[row], "message": message},
-                            "explain": {"action": "wait", "plugin": PLUGINS[row], "message": message,
-                                        "placeable": False}}
+        assert verdicts == said
         return
-    assert verdicts == {"bind": {"plugin": PLUGINS[row], "message": message},
-                        "explain": {"action": "wait", "plugin": PLUGINS[row], "message": message, "placeable": False},
-                        "plan": {"decision": "wait", "plugin": PLUGINS[row], "message": message, "placeable": False}}
+    # bind and explain first (a preemption row's Preemption: line among them), then plan
+    assert {who: verdicts[who] for who in said} == said
+    assert verdicts == {**said, "plan": {"decision": "wait", "plugin": PLUGINS[row], "message": message,
+                                         "placeable": False}}
+
+
+# -- SchedulingGated (plugin SchedulingGates, PreEnqueue) -------------------------------------------
+# EXPECTED TO FAIL until bind's PreEnqueue change (the SchedulingGates plugin) lands: without it bind
+# tries the gated pod as any other, and the API server refuses its Binding (a FailedScheduling Event
+# "binding to …"), while explain does not name the gates. A test of its own, to be seen apart.
+GATES = ("example.com/kueue", "example.com/admission-check")
+
+
+def test_pending_row_scheduling_gated(stack, reader, situation):
+    """A pod held by spec.schedulingGates: bind leaves it alone (no Event, not bound); its
+    PodScheduled condition (False, SchedulingGated) is all it says, and explain says the same:
+    reason SchedulingGated, plugin SchedulingGates, the condition's message, naming each gate.
+    The gates removed (by the controller that set them), bind places it."""
+    node = situation.node()
+    pod = pod_manifest(situation.namespace, "w-0", f"0={node}:0\n")
+    pod["spec"]["schedulingGates"] = [{"name": gate} for gate in GATES]
+    situation.apply(pod)
+    uid = stack.wait_for(lambda: (situation.live("w-0") or {}).get("metadata", {}).get("uid"), 30, "the pod w-0")
+    stack.ping()  # every pending pod of ours tried now: a gated one too, were bind to try it
+    time.sleep(5)
+
+    live = situation.live("w-0")
+    assert not live["spec"].get("nodeName"), f"w-0 bound to {live['spec']['nodeName']}"
+    assert [e["message"] for e in failed_scheduling(stack, situation.namespace, uid)] == []
+    condition = next((c for c in live["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+    assert condition is not None and (condition["status"], condition["reason"]) == ("False", "SchedulingGated"), \
+        live["status"]
+
+    code, out, err = run("explain", "pod/w-0", "-n", situation.namespace, "--kubeconfig", reader,
+                         "--scheduler-namespace", BIND_NAMESPACE, "-o", "json")
+    try:
+        scheduling = json.loads(out)["scheduling"]
+        explain = {"action": scheduling.get("action"), "plugin": scheduling.get("plugin"),
+                   "reason": scheduling.get("reason"), "message": scheduling.get("message"),
+                   "placeable": json.loads(out).get("placeable")}
+    except (ValueError, KeyError, TypeError):
+        explain = {"exit": code, "stderr": err.strip(), "stdout": out[:300]}
+    assert explain == {"action": "wait", "plugin": "SchedulingGates", "reason": condition["reason"],
+                       "message": condition.get("message"), "placeable": False}
+    assert all(gate in explain["message"] for gate in GATES), explain["message"]
+
+    # the gates removed: a change of the pod, tried again at once
+    stack.cp.request("PATCH", f"/api/v1/namespaces/{situation.namespace}/pods/w-0", {"spec": {"schedulingGates": None}},
+                     "application/merge-patch+json")
+    stack.wait_for(lambda: (situation.live("w-0") or {}).get("spec", {}).get("nodeName") == node, 30,
+                   "w-0 bound once its gates are gone")

@@ -421,7 +421,7 @@ def test_a_record_nobody_holds_is_swept_at_its_version():
 
 
 # -- DRA mode: the pod's ResourceClaim, allocated and reserved before the Binding ------------------------
-from gpu_scheduler.plugins.dra import FINALIZER, Device, allocation_for  # noqa: E402
+from gpu_scheduler.plugins.dynamicresources.allocator import FINALIZER, Device, allocation_for  # noqa: E402
 
 DRA_POD = copy.deepcopy(POD)
 DRA_POD["spec"]["resourceClaims"] = [{"name": "gpu-scheduler", "resourceClaimName": "gpu-scheduler-check-0-gpus"}]

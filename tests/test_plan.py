@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_scheduler.framework.config import SchedulerConfig
-from gpu_scheduler.framework.profile import default_profile
-from gpu_scheduler.framework.runtime import Framework
-from gpu_scheduler.framework.snapshot import GangSnapshot, NodeSnapshot
+from gpu_scheduler.plugins.config import SchedulerConfig
+from gpu_scheduler.plugins.registry import new_framework
+from gpu_scheduler.framework.snapshot import NodeSnapshot
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -337,8 +336,8 @@ def cluster_pod(name="w-0", node_name="", text=SEED, scheduler=SCHEDULER_NAME):
 
 def decided(pod, node_object=None) -> core.Scheduling:
     """plan's and explain's answer for `pod`, its map node being `node_object`: bind's framework."""
-    framework = Framework(default_profile(SchedulerConfig()))
-    return core.scheduling(pod, framework, lambda name: NodeSnapshot(name, node_object))
+    framework = new_framework(SchedulerConfig())
+    return core.answer(pod, framework, core.ReadView(lambda name, deciding: NodeSnapshot(name, node_object))).scheduling
 
 
 def test_the_answer_is_bind_s_framework_s():
@@ -439,31 +438,39 @@ def holder_of_node4_gpu3():
             "spec": {"schedulerName": SCHEDULER_NAME, "nodeName": "node4", "containers": [{"name": "c"}]}}
 
 
-def snapshots(holders=()):
+def view(pods=(), holders=()) -> core.ReadView:
+    """What explain reads: the nodes (each with `holders` on it) and the namespace's `pods`."""
     from gpu_scheduler.fit import NodeInfo
-    return lambda name: NodeSnapshot(name, node(name), NodeInfo.of([h for h in holders if h["spec"]["nodeName"] == name]))
+    return core.ReadView(lambda name, deciding: NodeSnapshot(
+        name, node(name), NodeInfo.of([h for h in holders if h["spec"]["nodeName"] == name])), pods)
 
 
 def test_the_live_gang_is_the_workloads_pending_members_and_its_bound_pods():
+    framework = new_framework(SchedulerConfig())
     me = gang_member(1)
     others = [gang_member(0, "node1"), me, gang_member(2), gang_member(3, phase="Failed"),
               gang_member(4, scheduler="default-scheduler"), gang_member(5, owner="other"),
               {**gang_member(6), "metadata": {**gang_member(6)["metadata"], "annotations": {ANNOTATION: SEED}}}]
-    gang, nodes = core.live_gang(me, others)
-    assert (gang.name, gang.size, gang.bound, nodes) == ("ns/w", 5, ("ns/w-0",), {"ns/w-0": "node1"})
-    assert [p["metadata"]["name"] for p in gang.pending] == ["w-1", "w-2"]
+    gang = core.answer(me, framework, view(others)).gang
+    assert (gang.name, gang.size, gang.bound) == ("ns/w", 5, ("ns/w-0",))
+    assert [(m.name, m.state, m.node) for m in gang.members if m.state == core.BOUND] == [("ns/w-0", "bound", "node1")]
+    assert [m.name for m in gang.members if m.state != core.BOUND] == ["ns/w-1", "ns/w-2"]
     # A bound member's gang: the others pending, itself bound.
-    bound_gang, _ = core.live_gang(others[0], others)
-    assert [p["metadata"]["name"] for p in bound_gang.pending] == ["w-1", "w-2"] and bound_gang.bound == ("ns/w-0",)
-    assert core.live_gang(cluster_pod(), others) is None  # no gang
-    assert core.live_gang(gang_member(1, value="many"), others) is None  # malformed: PreFilter refuses the pod
+    bound_gang = core.answer(others[0], framework, view(others)).gang
+    assert bound_gang is not None, "explain of a bound gang member shows no gang"
+    assert [m.name for m in bound_gang.members if m.state != core.BOUND] == ["ns/w-1", "ns/w-2"]
+    assert bound_gang.bound == ("ns/w-0",)
+    assert core.answer(cluster_pod(), framework, view(others)).gang is None  # no gang
+    # malformed: PreFilter refuses the pod
+    assert core.answer(gang_member(1, value="many"), framework, view(others)).gang is None
 
 
 def test_a_gang_blocked_by_a_holder_waits_with_binds_message():
-    framework = Framework(default_profile(SchedulerConfig()))
-    gang = GangSnapshot("ns/w", 5, tuple(gang_member(i) for i in range(5)))
-    answer = core.gang_scheduling(gang, framework, snapshots([holder_of_node4_gpu3()]))
-    decided = framework.decide_gang(gang, snapshots([holder_of_node4_gpu3()]), every_member=True)
+    framework = new_framework(SchedulerConfig())
+    pods = [gang_member(i) for i in range(5)]
+    said = core.answer(pods[0], framework, view(pods, [holder_of_node4_gpu3()]))
+    answer = said.gang
+    decided = framework.evaluate(pods[0], view(pods, [holder_of_node4_gpu3()]))
     assert (answer.verdict.action, answer.verdict.plugin, answer.verdict.reason, answer.verdict.message) == (
         "wait", "Gang", "GangMemberRefused", decided.status.message)
     assert answer.verdict.message.startswith("gang ns/w: 3 of 5 members placeable; member w-3: GPU 3 on node4 is held by")
@@ -473,17 +480,19 @@ def test_a_gang_blocked_by_a_holder_waits_with_binds_message():
         ("ns/w-2", "placeable", "node3", ""), ("ns/w-3", "refused", "node4", "GPUsHeld"),
         ("ns/w-4", "refused", "node4", "GPUsHeld")]
     assert answer.verdict.retried_on == tuple(core.retried_on("GPUsHeld"))
+    assert said.scheduling.message == answer.verdict.message  # the member's own answer: its gang's refusal
 
 
 def test_a_gang_with_members_missing_and_one_that_binds():
-    framework = Framework(default_profile(SchedulerConfig()))
-    short = core.gang_scheduling(GangSnapshot("ns/w", 5, (gang_member(0), gang_member(1)), ("ns/w-2",)), framework,
-                                 snapshots(), {"ns/w-2": "node3"})
+    framework = new_framework(SchedulerConfig())
+    pods = [gang_member(0), gang_member(1), gang_member(2, "node3")]
+    short = core.answer(pods[0], framework, view(pods)).gang
     assert short.verdict.reason == "GangMembersMissing" and short.verdict.message.startswith(
         "gang ns/w: 3 of 5 members exist")
     assert (short.missing, short.bound, [m.state for m in short.members]) == (2, ("ns/w-2",), ["bound", "placeable",
                                                                                                 "placeable"])
     assert short.members[0].node == "node3" and "a member of the gang created" in short.verdict.retried_on
-    whole = core.gang_scheduling(GangSnapshot("ns/w", 2, (gang_member(0), gang_member(1))), framework, snapshots())
+    pair = [gang_member(0, value="2"), gang_member(1, value="2")]
+    whole = core.answer(pair[0], framework, view(pair)).gang
     assert (whole.verdict.action, whole.verdict.message, whole.verdict.placeable) == (
         "bind", "bind 2 members together", True)

@@ -10,7 +10,7 @@ import json
 import time
 
 from gpu_scheduler.fit import NodeInfo, PodInfo
-from gpu_scheduler.framework.interface import CycleState, unschedulable
+from gpu_scheduler.framework.interface import CycleState, unresolvable, unschedulable
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.placement import Resolved
 from gpu_scheduler.plugins.defaultpreemption import NoPreemption, Preemption, Waiting, select_victims
@@ -19,7 +19,7 @@ from gpu_scheduler.plugins.mapentry import RESOLVED
 from gpu_scheduler.records import NOMINATED_KEY, Record, lease_for, nominated_lease
 from gpu_scheduler.schedmap import Placement
 
-from decide import FILTERS
+from decide import FRAMEWORK
 from test_placer import MINE, NODE, POD, api_error, lease, placer_with
 
 HELD = unschedulable("GPUsHeld", "GPU 1 on node1 is held by team-a/train-0")
@@ -49,7 +49,7 @@ def decide(pod, pods, pdbs=(), members_of=lambda key: (), refusal=HELD, records=
     placement = Placement("node1", ("0", "1"))
     state.write(RESOLVED, Resolved(0, placement, {0: placement}))
     snapshot = NodeSnapshot("node1", NODE, NodeInfo.of(pods), records=records or {}, now=time.time())
-    return select_victims(pod, snapshot, refusal, state, FILTERS, pdbs, members_of)
+    return select_victims(pod, snapshot, refusal, state, FRAMEWORK.run_filters, pdbs, members_of)
 
 
 def names(chosen) -> list[str]:
@@ -65,8 +65,8 @@ def test_the_lower_priority_holder_is_the_victim_and_a_pod_not_in_the_way_is_spa
 
 def test_equal_or_higher_priority_is_never_preempted_and_the_reason_says_so():
     chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 100)])
-    assert isinstance(chosen, NoPreemption) and "lower than this pod's 100" in chosen.reason \
-        and "team-a/train-0: 100" in chosen.reason
+    assert (isinstance(chosen, NoPreemption) and "lower than this pod's 100" in chosen.reason
+            and "team-a/train-0: 100" in chosen.reason)
 
 
 def test_preemption_policy_never_preempts_nobody():
@@ -76,7 +76,7 @@ def test_preemption_policy_never_preempts_nobody():
 
 def test_a_refusal_that_eviction_cannot_undo_preempts_nobody():
     chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 0)],
-                    refusal=unschedulable("NodeExists", "no node"))
+                    refusal=unresolvable("NodeExists", "no node"))
     assert isinstance(chosen, NoPreemption) and "NodeExists" in chosen.reason
 
 
@@ -86,8 +86,8 @@ def test_a_victim_its_pod_disruption_budget_protects_now_means_no_preemption():
     chosen = decide(with_priority(POD, 100), [holder("train-0", "1", 0, labels={"app": "train"})], [pdb])
     assert isinstance(chosen, NoPreemption) and "PodDisruptionBudget team-a/train allows 0" in chosen.reason
     pdb["status"]["disruptionsAllowed"] = 1
-    assert names(decide(with_priority(POD, 100), [holder("train-0", "1", 0, labels={"app": "train"})], [pdb])) \
-        == ["team-a/train-0"]
+    assert (names(decide(with_priority(POD, 100), [holder("train-0", "1", 0, labels={"app": "train"})], [pdb]))
+            == ["team-a/train-0"])
 
 
 def test_the_fewest_victims_the_more_important_pod_reprieved():
@@ -119,10 +119,10 @@ def test_of_equal_priority_the_longest_running_is_reprieved_first_as_kube_schedu
     state.write(RESOLVED, Resolved(0, placement, {0: placement}))
     snapshot = NodeSnapshot("node1", node, NodeInfo.of(pods), records={}, now=time.time())
     refusal = unschedulable("NodeResourcesFit", "Insufficient cpu")
-    assert names(select_victims(preemptor, snapshot, refusal, state, FILTERS)) == ["team-a/a-0"]
+    assert names(select_victims(preemptor, snapshot, refusal, state, FRAMEWORK.run_filters)) == ["team-a/a-0"]
     pods[0]["status"].pop("startTime")  # not started: as if started now, the least important still
     snapshot = NodeSnapshot("node1", node, NodeInfo.of(pods), records={}, now=time.time())
-    assert names(select_victims(preemptor, snapshot, refusal, state, FILTERS)) == ["team-a/a-0"]
+    assert names(select_victims(preemptor, snapshot, refusal, state, FRAMEWORK.run_filters)) == ["team-a/a-0"]
 
 
 def test_a_gang_member_goes_only_with_its_whole_gang():
@@ -194,8 +194,8 @@ def test_bind_claims_the_record_then_nominates_then_evicts_then_marks_the_victim
     assert "preemption: preempted team-a/train-0 (priority 0) on node1" in attempt.outcome["message"]
     order = [m for m, _, _ in api.calls if m in ("update_lease", "create_lease", "evict", "patch_pod_status")]
     # the claim (GPU 1's record updated, GPU 0's created), the nomination, the eviction, the condition
-    assert order[:5] == ["create_lease", "update_lease", "patch_pod_status", "evict", "patch_pod_status"] or \
-        order[:5] == ["update_lease", "create_lease", "patch_pod_status", "evict", "patch_pod_status"], order
+    assert (order[:5] == ["create_lease", "update_lease", "patch_pod_status", "evict", "patch_pod_status"] or
+            order[:5] == ["update_lease", "create_lease", "patch_pod_status", "evict", "patch_pod_status"]), order
     claims = [args[-1] for m, args, _ in api.calls if m in ("update_lease", "create_lease")][:2]
     assert all(c["metadata"]["annotations"][NOMINATED_KEY] == "default/gpu-scheduler-check-0" for c in claims)
     (nominated, _), (condition, _) = api.called("patch_pod_status")[:2]
@@ -239,20 +239,20 @@ def test_a_pod_of_default_priority_keeps_its_refusal_as_it_was():
 
 # -- explain's line ------------------------------------------------------------------------------
 def test_explain_names_who_would_be_preempted_or_why_nobody_can_be():
-    from gpu_scheduler.framework.profile import default_profile
-    from gpu_scheduler.framework.config import SchedulerConfig
-    from gpu_scheduler.framework.runtime import Framework
-    from gpu_scheduler.plan import scheduling
+    from gpu_scheduler.plugins.registry import new_framework
+    from gpu_scheduler.plugins.config import SchedulerConfig
+    from gpu_scheduler.plan import ReadView, answer
 
-    def snapshot_of(pods):
-        return lambda node: NodeSnapshot(node, NODE, NodeInfo.of(pods), now=time.time())
-    framework = Framework(default_profile(SchedulerConfig()))
-    decided = scheduling(HIGH, framework, snapshot_of([victim_pod()]))
+    def scheduling(pod, pods):
+        view = ReadView(lambda node, deciding: NodeSnapshot(node, NODE, NodeInfo.of(pods), now=time.time()))
+        return answer(pod, framework, view).scheduling
+    framework = new_framework(SchedulerConfig())
+    decided = scheduling(HIGH, [victim_pod()])
     assert decided.action == "wait" and decided.preemption == "would preempt team-a/train-0 (priority 0) on node1"
-    equal = scheduling(HIGH, framework, snapshot_of([holder("train-0", "1", 100, uid="u-holder", owner="train")]))
+    equal = scheduling(HIGH, [holder("train-0", "1", 100, uid="u-holder", owner="train")])
     assert equal.preemption.startswith("nobody can be preempted: no pod on node1 has a priority lower than this"
                                        " pod's 100")
-    assert scheduling(POD, framework, snapshot_of([victim_pod()])).preemption == ""  # priority 0: as bind's Event
+    assert scheduling(POD, [victim_pod()]).preemption == ""  # priority 0: as bind's Event
 
 
 # -- gangs as preemptors -------------------------------------------------------------------------

@@ -39,8 +39,8 @@ def pod(workload_name=("owner", "team-a", "StatefulSet", "train"), devices=("0",
 
 def test_a_lease_round_trips_into_a_record():
     r = record(holders=(A, B), shares=True, device="3")
-    assert (r.name, r.node, r.device, r.holders, r.shares, r.resource_version) == \
-        ("node1.gpu-3", "node1", "3", (A, B), True, "7")
+    assert ((r.name, r.node, r.device, r.holders, r.shares, r.resource_version) ==
+            ("node1.gpu-3", "node1", "3", (A, B), True, "7"))
     assert r.written == pytest.approx(NOW, abs=1e-3) and r.last_uid == "u-a0"
 
 
@@ -149,9 +149,9 @@ def test_a_refusal_is_undone_only_by_the_events_its_filter_registered(filter_nam
 
 
 def test_every_plugin_of_the_profile_is_named_and_registers_its_events():
-    from gpu_scheduler.framework.config import SchedulerConfig
-    from gpu_scheduler.framework.profile import default_profile
-    profile = default_profile(SchedulerConfig())
+    from gpu_scheduler.plugins.config import SchedulerConfig
+    from gpu_scheduler.plugins.registry import new_framework
+    profile = new_framework(SchedulerConfig()).profile
     plugins = {p for phase in vars(profile).values() for p in phase}
     assert all(p.name for p in plugins) and {p.name for p in plugins} <= set(EVENTS_TO_REGISTER)
     # every refusing plugin but the map's registers at least one event; the map's only the pod can

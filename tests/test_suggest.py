@@ -12,12 +12,12 @@ import pytest
 
 from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
 from gpu_scheduler.fit import NodeInfo
-from gpu_scheduler.framework.config import SchedulerConfig
-from gpu_scheduler.framework.profile import default_profile
+from gpu_scheduler.plugins.config import SchedulerConfig
+from gpu_scheduler.plugins.registry import new_framework
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.plan import workload
-from gpu_scheduler.plugins import dra
+from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.records import Record
 from gpu_scheduler.schedmap import parse_map
 from gpu_scheduler.suggest import (
@@ -25,7 +25,7 @@ from gpu_scheduler.suggest import (
 )
 
 CONFIG = SchedulerConfig()
-FRAMEWORK = Framework(default_profile(CONFIG))
+FRAMEWORK = new_framework(CONFIG)
 NOW = time.time()
 
 
@@ -69,7 +69,7 @@ def statefulset(replicas: int = 3, name: str = "train", namespace: str = "team",
 
 
 def run(obj: dict, gpus: int, strategy: str, nodes, config=CONFIG):
-    [result] = suggest([workload(obj)], gpus, strategy, nodes, Framework(default_profile(config)), config)
+    [result] = suggest([workload(obj)], gpus, strategy, nodes, new_framework(config), config)
     return result
 
 

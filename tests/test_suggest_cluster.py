@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO
 from gpu_scheduler import ANNOTATION
 from gpu_scheduler.devices import MODE_ANNOTATION
-from gpu_scheduler.plugins.dra import PCIE_ROOT
+from gpu_scheduler.plugins.dynamicresources.allocator import PCIE_ROOT
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from gpu_scheduler.schedmap import parse_map
 from test_dra_cluster import admin  # noqa: F401 (fixture)

@@ -8,8 +8,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from gpu_scheduler.plugins import dra
-from gpu_scheduler.framework.config import DEFAULT_NAMESPACE, SchedulerConfig
+from gpu_scheduler.plugins.dynamicresources import allocator as dra
+from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
 from kubeapi.client import IN_CLUSTER_NAMESPACE
 
 

@@ -1,10 +1,14 @@
 """The I/O the framework's phases ask for, for one attempt at one pod (kube-scheduler's
-framework.Handle): snapshots from bind's views, the pod assumed and forgotten there, and the API
-calls of the records, the claim and the Binding, each write also shown to the views at once. Every
-API failure is kubeapi.errors.APIError; a read of something absent returns None."""
+framework.Handle): the framework's own part (framework.interface.Cluster: snapshots from bind's
+views, the pod assumed and forgotten there, calls side by side, a lock per pod group) and the
+protocols the plugins declare beside them (gang.WorkloadPods, gpusheld.RecordStore,
+dynamicresources.plugin.ClaimStore, defaultbinder.Binder, defaultpreemption.Preemptor): the API
+calls of the records, the claim, the Binding and preemption, each write also shown to the views at
+once. Every API failure is kubeapi.errors.APIError; a read of something absent returns None."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from concurrent.futures import Executor
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -13,7 +17,8 @@ from gpu_scheduler.events import PodRef
 from gpu_scheduler.fit import PodInfo
 from gpu_scheduler.framework.interface import Status
 from gpu_scheduler.framework.snapshot import NodeSnapshot
-from gpu_scheduler.plugins.dynamicresources import claim_key
+from gpu_scheduler.plugins.dynamicresources.plugin import claim_key
+from gpu_scheduler.plugins.gang import WorkloadMembers
 from gpu_scheduler.records import Record, record_name
 from kubeapi.client import Kube
 from kubeapi.errors import APIError
@@ -26,8 +31,24 @@ class AttemptHandle:
     Bindings concurrently; without it they run in turn."""
 
     def __init__(self, api: Kube, views: Views, namespace: str, pods: Iterable[Mapping[str, Any]],
-                 pool: Executor | None = None, recorder: Any = None):
+                 pool: Executor | None = None, recorder: Any = None,
+                 group_locks: dict[str, threading.Lock] | None = None):
         self.api, self.views, self.namespace, self._pool, self.recorder = api, views, namespace, pool, recorder
+        self._claims = tuple(claim_key(pod) for pod in pods)
+        self._group_locks = group_locks if group_locks is not None else {}
+
+    def group_lock(self, group: str) -> threading.Lock:
+        """One attempt per pod group at a time in this instance (other instances: the records)."""
+        return self._group_locks.setdefault(group, threading.Lock())
+
+    def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
+        return self.views.workload_pods(key)
+
+    def assumed(self, pod: Mapping[str, Any]) -> bool:
+        return self.views.assumed(str((pod.get("metadata") or {}).get("uid") or ""))
+
+    def group_formed(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The attempt is for these pods: the snapshots carry their claims (DRA mode)."""
         self._claims = tuple(claim_key(pod) for pod in pods)
 
     def each(self, calls: Sequence[Callable[[], Status]]) -> list[Status]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import prometheus_client as prom
 
@@ -25,14 +24,11 @@ from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, PLUGIN_ANNOTATION, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef,
     scheduled_message,
 )
-from gpu_scheduler.framework.config import SchedulerConfig
-from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code, Status
-from gpu_scheduler.framework.profile import default_profile
-from gpu_scheduler.fit import workload
-from gpu_scheduler.framework.runtime import Framework, GangOutcome, Outcome
-from gpu_scheduler.plugins import gang as gangs
-from gpu_scheduler.plugins.defaultbinder import CHANGED
-from gpu_scheduler.plugins.gang import NAME as GANG
+from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code
+from gpu_scheduler.framework.runtime import PERMIT, PRE_BIND, PRE_ENQUEUE, RESERVE, CycleOutcome, Outcome
+from gpu_scheduler.plugins.config import SchedulerConfig
+from gpu_scheduler.plugins.defaultbinder import POD_CHANGED
+from gpu_scheduler.plugins.registry import new_framework
 from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
@@ -43,6 +39,7 @@ from handle import AttemptHandle
 from metrics import ATTEMPT_DURATION, PREEMPTION_ATTEMPTS, SCHEDULE_ATTEMPTS
 from recorder import Recorder
 from schedqueue import SchedulingQueue
+import testhooks
 from views import Views
 
 log = logging.getLogger("bind")
@@ -72,37 +69,15 @@ class Readiness:
     message: str = ""
 
 
-class _ExitBeforeBinding(AttemptHandle):
-    """The test hook BindConfig.exit_after_record: the process ends where the Binding would be
-    written, after the records (and, in DRA mode, the claim). Injected only when it is set."""
-
-    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
-        os._exit(17)
-
-
-class _ExitAfterBindings(AttemptHandle):
-    """The test hook BindConfig.exit_after_bindings: the process ends after that many Bindings,
-    in the middle of a gang's (tests/test_gang_cluster.py). Injected only when it is set."""
-
-    limit, written = 0, 0
-
-    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
-        super().bind(namespace, name, body)
-        _ExitAfterBindings.written += 1
-        if _ExitAfterBindings.written >= _ExitAfterBindings.limit:
-            os._exit(17)
-
-
 class Placer:
-    def __init__(self, api: Kube | None, config: BindConfig | None = None, problem: str = ""):
+    def __init__(self, api: Kube | None, config: BindConfig | None = None, problem: str = "",
+                 handle_type: Callable[..., AttemptHandle] = AttemptHandle):
         self.api, self.problem = api, problem
         self.config = config or BindConfig(SchedulerConfig())
         self.namespace = self.config.scheduler.namespace
-        self.framework = Framework(default_profile(self.config.scheduler))
-        self._handle_type = _ExitBeforeBinding if self.config.exit_after_record else \
-            _ExitAfterBindings if self.config.exit_after_bindings else AttemptHandle
-        _ExitAfterBindings.limit = self.config.exit_after_bindings
-        self._gang_locks: dict[tuple[str, ...], threading.Lock] = {}  # one attempt per gang at a time
+        self.framework = new_framework(self.config.scheduler)
+        self._handle_type = handle_type  # AttemptHandle; a test hook's (testhooks.py) only where injected
+        self._group_locks: dict[str, threading.Lock] = {}  # one attempt per pod group (gang) at a time
         # A gang's Bindings all come at once, after its last member: more of them in flight than
         # workers place single pods (each waits on the API server, not on the CPU).
         self._binding_pool = ThreadPoolExecutor(GANG_BINDINGS_IN_FLIGHT, thread_name_prefix="gang-binding")
@@ -117,7 +92,8 @@ class Placer:
         self._recheck = threading.Event()
         if api is not None:
             self.queue = SchedulingQueue()
-            self.views = Views(api, self.namespace, self.queue, dra=self.config.dra_enabled)
+            self.views = Views(api, self.namespace, self.queue, dra=self.config.dra_enabled,
+                               admits=lambda pod: self.framework.pre_enqueue(pod).ok)
             self.recorder = Recorder(api, self.config.identity)
 
     @classmethod
@@ -134,7 +110,7 @@ class Placer:
                        " and its current-context)")
             log.error("no Kubernetes API configuration", extra={"detail": problem})
             return cls(None, config, problem)
-        return cls(Kube(configuration), config)
+        return cls(Kube(configuration), config, handle_type=testhooks.handle_type(config))
 
     def start(self) -> None:
         """The watches, the workers and the record sweeper. On the first request of any kind (the
@@ -332,9 +308,11 @@ class Placer:
 
     # -- one attempt -------------------------------------------------------------------------
     def place(self, pod: Mapping[str, Any], again: bool = True) -> Attempt:
-        """One attempt at a pod as the API server has it: the framework's, on a snapshot of the
-        pod's node. When the pod changed between that version and the Binding (its precondition),
-        it is read and placed `again`, once."""
+        """One attempt at a pod as the API server has it: the framework's one cycle, for the pod
+        and the pods scheduled with it (its gang). Every pending member's Events, condition and
+        place in the queue follow from the cycle's outcome; the pod's own Attempt is returned.
+        When the pod changed between its version and the Binding (its precondition), it is read
+        and placed `again`, once."""
         decision = bind_decision(pod)
         if isinstance(decision, Ignore):
             return Attempt(self._ignored(decision.why))
@@ -343,85 +321,48 @@ class Placer:
             # never decide on a partial view; the queue tries again shortly
             return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
         started = time.perf_counter()
-        # A malformed gang annotation is no gang here: the Gang plugin's PreFilter refuses it, with the fix.
-        if gangs.gang_size_or_none(pod) is not None:
-            return self._place_gang(pod, ref, started)
-        outcome = self.framework.schedule(pod, self._handle_type(self.api, self.views, self.namespace, (pod,),
-                                                                 recorder=self.recorder))
-        if outcome.preemption:
-            PREEMPTION_ATTEMPTS.labels(outcome.preemption).inc()
-        return self._attempt_of(ref, outcome, decision, started, again)
-
-    def _attempt_of(self, ref: PodRef, outcome: Outcome, decision, started: float, again: bool) -> Attempt:
-        """The shell's side of one pod's Outcome: its Events and condition, the log, and the queue's verdict."""
-        status = outcome.status
-        if status.code is Code.SUCCESS:
-            if status.reason == ALREADY_BOUND:
-                return Attempt(self._report(ref, ALREADY_BOUND, "", outcome.node))
-            self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, outcome.node), "Binding")
-            for reason, warning in getattr(decision, "warnings", ()):
-                self.recorder.event(ref, WARNING, reason, warning, "Binding")
-            self._attempted("scheduled", started)
-            return Attempt(self._report(ref, BOUND, "", outcome.node, time.perf_counter() - started))
-        if status.refused:
-            return self._refused(ref, outcome, started)
-        if status.reason == RETRY and status.message == CHANGED and again:
-            return self._read_and_place(ref, again=False)
-        if status.reason in (RETRY, API_ERROR):
-            return self._failed(ref, outcome, started)
-        return Attempt(self._report(ref, status.reason, status.message, outcome.node))  # gone, replaced, elsewhere
-
-    def _place_gang(self, pod: Mapping[str, Any], ref: PodRef, started: float) -> Attempt:
-        """One attempt at the pod's whole gang (docs/gangs.md), one at a time per gang in this
-        instance. Every pending member's Events, condition and place in the queue follow from it;
-        the pod's own Attempt is returned."""
-        with self._gang_locks.setdefault(workload(pod), threading.Lock()):
-            began = self.queue.moves()
-            if self.views.assumed(ref.uid):  # bound with its gang by the attempt this one waited for
-                return Attempt(self._report(ref, ALREADY_BOUND, "bound with its gang"))
-            gang = self.views.gang(pod)
-            outcome = self.framework.schedule_gang(gang, self._handle_type(
-                self.api, self.views, self.namespace, gang.pending, None if self.config.exit_after_bindings else
-                self._binding_pool, recorder=self.recorder))
-        if outcome.preemption:
-            PREEMPTION_ATTEMPTS.labels(outcome.preemption).inc()
-        attempt = Attempt({"result": RETRY, "message": "not among its gang's members"}, retry=True)
-        for member, member_outcome in outcome.members:
-            member_ref = PodRef.of(member)
-            settled = self._gang_member(member_ref, outcome, member_outcome, started, member_ref.uid == ref.uid)
-            settled = dataclasses.replace(settled, jitter=settled.retry)  # a gang's retries never meet again
-            if member_ref.uid == ref.uid:
+        began = self.queue.moves()
+        cycle = self.framework.schedule(pod, self._handle(pod))
+        if cycle.preemption:
+            PREEMPTION_ATTEMPTS.labels(cycle.preemption).inc()
+        attempt = Attempt({"result": RETRY, "message": "not among the pods of its cycle"}, retry=True)
+        for member in cycle.members:
+            attempted = member.uid == ref.uid
+            settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again)
+            if attempted:
                 attempt = settled
             else:
-                self.queue.settle(member_ref.uid, began, settled.outcome, settled.refused, settled.retry,
-                                  settled.jitter)
+                self.queue.settle(member.uid, began, settled.outcome, settled.refused, settled.retry, settled.jitter)
         return attempt
 
-    def _gang_member(self, ref: PodRef, gang: GangOutcome, outcome: Outcome, started: float, attempted: bool) -> Attempt:
-        """What the gang's outcome means for one member. Its gang's refusal is one Event per member
-        (kept current), and the member waits for the events of the member the gang waits on; a gang
-        that lost a race while reserving is tried again after a jittered backoff. While members are
-        missing, the others hear how many exist at most every recorder.LATER_SECONDS."""
-        status = outcome.status
-        if status.plugin != GANG or status.code is Code.SUCCESS:
-            return self._attempt_of(ref, outcome, None, started, again=False)
-        annotations = {PLUGIN_ANNOTATION: GANG}
-        if status.reason == gangs.MEMBERS_MISSING and not attempted:  # members arrive in bursts: coalesced
-            self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, GANG)
-        else:
-            self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations=annotations, key=GANG,
-                                if_changed=not attempted)
-            self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
-        if attempted:
-            self._attempted("unschedulable", started)
-        report = self._report(ref, status.reason, status.message, outcome.node, plugin=GANG) if attempted else \
-            {"result": status.reason, "pod": str(ref), "message": status.message, "plugin": GANG}
-        if status.reason == gangs.RESERVATION_LOST:
-            return Attempt(report, retry=True, jitter=True)
-        waits_on = gang.waits_on
-        refused = Refused(waits_on.status.plugin, waits_on.node) if waits_on else Refused(GANG, "")
-        return Attempt(report, refused)
+    def _handle(self, pod: Mapping[str, Any]) -> AttemptHandle:
+        return self._handle_type(self.api, self.views, self.namespace, (pod,), self._binding_pool,
+                                 recorder=self.recorder, group_locks=self._group_locks)
 
+    def _settle(self, ref: PodRef, cycle: CycleOutcome, outcome: Outcome, started: float, attempted: bool,
+                again: bool) -> Attempt:
+        """The shell's side of one pod's Outcome: its Events and condition, the log, and the
+        queue's verdict. The same for a pod alone and for each member of a gang."""
+        status = outcome.status
+        if outcome.phase == PRE_ENQUEUE:  # held back (its scheduling gates): nothing written, not queued
+            return Attempt(self._report(ref, status.reason, status.message, plugin=status.plugin))
+        if status.code is Code.SUCCESS:
+            if status.already_bound:
+                return Attempt(self._report(ref, ALREADY_BOUND, status.message, outcome.node))
+            self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, outcome.node), "Binding")
+            for reason, warning in getattr(bind_decision(outcome.pod), "warnings", ()):
+                self.recorder.event(ref, WARNING, reason, warning, "Binding")
+            if attempted:
+                self._attempted("scheduled", started)
+            return Attempt(self._report(ref, BOUND, "", outcome.node, time.perf_counter() - started))
+        if status.refused:
+            return self._refused(ref, cycle, outcome, started, attempted)
+        if status.reason == POD_CHANGED and again and attempted:
+            return self._read_and_place(ref, again=False)
+        if status.reason in (RETRY, API_ERROR, POD_CHANGED):
+            attempt = self._failed(ref, outcome, started, attempted)
+            return dataclasses.replace(attempt, jitter=not cycle.group.alone)  # a gang's retries never meet again
+        return Attempt(self._report(ref, status.reason, status.message, outcome.node))  # gone, replaced, elsewhere
     def sweep_records(self) -> int:
         """Delete the records no pod holds any more, past their grace (each as read: a record
         written since is left alone). Hygiene only: a free record counts for nothing anyway."""
@@ -459,18 +400,31 @@ class Placer:
         log.debug("ignored", extra={"decision": "Ignored", "why": why})
         return {"result": "ignored", "why": why}
 
-    def _refused(self, ref: PodRef, outcome: Outcome, started: float) -> Attempt:
-        """A plugin refused the pod: one FailedScheduling Event (counted up while the refusal
-        stays the same) naming the plugin, and PodScheduled=False; the pod waits in the queue for
-        an event that plugin registered."""
-        status = outcome.status
-        self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations={PLUGIN_ANNOTATION: status.plugin})
+    def _refused(self, ref: PodRef, cycle: CycleOutcome, outcome: Outcome, started: float, attempted: bool
+                 ) -> Attempt:
+        """A plugin refused the pod (or its group): one FailedScheduling Event naming the plugin
+        (counted up while the refusal stays the same; a group's is one Event per member, kept
+        current, and those of members not attempted themselves are coalesced, since members arrive
+        in bursts), and PodScheduled=False. The pod waits in the queue for an event that the
+        plugin the group waits on registered; a group that lost a race while reserving is tried
+        again after a jittered backoff."""
+        status, group = outcome.status, cycle.group
+        annotations = {PLUGIN_ANNOTATION: status.plugin}
+        if attempted or group.alone:
+            self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations=annotations,
+                                key=group.plugin, if_changed=not attempted)
+        else:
+            self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, group.plugin)
         self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
-        self._attempted("unschedulable", started)
-        return Attempt(self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node,
-                                    plugin=status.plugin), Refused(status.plugin, outcome.node))
+        if attempted:
+            self._attempted("unschedulable", started)
+        report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node, plugin=status.plugin)
+        if not group.alone and outcome.phase in (RESERVE, PERMIT, PRE_BIND):
+            return Attempt(report, retry=True, jitter=True)
+        waits_on = cycle.waits_on if cycle.waits_on is not None and not group.alone else outcome
+        return Attempt(report, Refused(waits_on.status.plugin, waits_on.node))
 
-    def _failed(self, ref: PodRef, outcome: Outcome, started: float) -> Attempt:
+    def _failed(self, ref: PodRef, outcome: Outcome, started: float, attempted: bool = True) -> Attempt:
         """The API failed: retried after a backoff, transient or not (a 403 from a missing grant
         or a missing namespace is fixed by an operator, and then the next try binds)."""
         status = outcome.status
@@ -479,7 +433,8 @@ class Placer:
         if status.reason == API_ERROR:  # the API answered, and will answer the same: say so on the pod
             self.recorder.unschedulable(ref, SCHEDULER_ERROR, status.message)
             self._recheck.set()  # readiness says what is wrong, if it is bind's configuration
-        self._attempted("error", started)
+        if attempted:
+            self._attempted("error", started)
         return Attempt(self._report(ref, status.reason, status.message, outcome.node, plugin=status.plugin), retry=True)
 
     @staticmethod

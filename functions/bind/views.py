@@ -2,7 +2,7 @@
 kube-scheduler's informers keep its cache: every pod (our pending pods, to place; every node's
 non-terminal pods, for fit and GPU accounting), every node (labels, taints, conditions,
 allocatable), bind's device records (gpu_scheduler/records.py) and, for DRA mode
-(gpu_scheduler/plugins/dra.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
+(gpu_scheduler/plugins/dynamicresources/allocator.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
 Each change that can undo a
 refusal is passed to the scheduling queue as a cluster event; each pending pod of ours found new or
 changed is queued. The I/O side of bind; the decisions stay in gpu_scheduler/."""
@@ -15,15 +15,14 @@ import json
 import threading
 from collections import OrderedDict
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.binding import placement_inputs
 from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
-from gpu_scheduler.plugins.dra import Device, allocated, drivers_on, node_devices
-from gpu_scheduler.framework.snapshot import DraSupport, GangSnapshot, NodeSnapshot
-from gpu_scheduler.placement import metadata
-from gpu_scheduler.plugins.gang import GANG_ANNOTATION, gang_of
+from gpu_scheduler.plugins.dynamicresources.allocator import Device, allocated, drivers_on, node_devices
+from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
+from gpu_scheduler.plugins.gang import WorkloadMembers
 from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
     SLICE_DELETE, SLICE_UPDATE,
@@ -95,8 +94,10 @@ def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class Views:
-    def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True):
+    def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True,
+                 admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True):
         self.api, self.namespace, self.queue = api, namespace, queue
+        self.admits = admits  # the framework's PreEnqueue: whether a pending pod is queued at all
         self._lock = threading.Lock()
         self._nodes: dict[str, dict] = {}
         self._pods_on: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod
@@ -105,10 +106,10 @@ class Views:
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
         self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
-        # Gangs (plugins/gang.py): workload -> the uids of its pending pods that ask for a gang, and
+        # Pod groups (the Gang plugin's WorkloadPods): workload -> the uids of its pending pods, and
         # workload -> uid -> namespace/name of its assigned pods (bound members count), kept with
-        # _pending and _pods_on: a gang's attempt looks up its members, not every pod.
-        self._gang_pending: dict[tuple[str, ...], dict[str, None]] = {}
+        # _pending and _pods_on: a group's attempt looks up its workload's pods, not every pod.
+        self._workload_pending: dict[tuple[str, ...], dict[str, None]] = {}
         self._assigned_of: dict[tuple[str, ...], dict[str, str]] = {}
         self._records: dict[tuple[str, str], Record] = {}
         self._records_on: dict[str, dict[str, Record]] = {}  # node -> device -> record, kept with _records
@@ -219,20 +220,18 @@ class Views:
         with self._lock:
             return self._node_of.get(uid)
 
-    def gang(self, pod: Mapping[str, Any]) -> GangSnapshot | None:
-        """The gang `pod` belongs to, as this instance sees it: its workload's pending members
-        (those this instance has bound and the watch not yet shown count as bound), and its bound
-        ones. None when the pod asks for no gang; GangError for a malformed ask."""
-        key = workload(pod)
+    def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
+        """The pods of workload `key` as this instance sees them: its pending pods (those this
+        instance has bound and the watch not yet shown count as bound), and its bound ones."""
         with self._lock:
             assumed = {uid for pods in self._assumed.values() for uid in pods}
-            pending = [self._pending[uid].pod for uid in self._gang_pending.get(key, ())
+            pending = [self._pending[uid].pod for uid in self._workload_pending.get(key, ())
                        if uid not in assumed and self._pending[uid].pod is not None]
             bound = list(self._assigned_of.get(key, {}).values())
             bound += [f"{p.get('metadata', {}).get('namespace')}/{p.get('metadata', {}).get('name')}"
-                      for uid in self._gang_pending.get(key, ()) if uid in assumed
+                      for uid in self._workload_pending.get(key, ()) if uid in assumed
                       for p in (self._pending[uid].pod,) if p is not None]
-        return gang_of(pod, pending, bound)
+        return WorkloadMembers(pending, bound)
 
     def assumed(self, uid: str) -> bool:
         """This instance is binding the pod, or has bound it and the watch has not shown it yet."""
@@ -454,7 +453,7 @@ class Views:
                 for uid in [uid for uid in assumed if uid in self._node_of]:
                     del assumed[uid]
             self._pending, self._pending_bytes = pending, pending_bytes
-            self._gang_pending, self._assigned_of = {}, {}
+            self._workload_pending, self._assigned_of = {}, {}
             for uid, entry in pending.items():
                 self._index_pending(uid, entry)
             for pods in pods_on.values():
@@ -464,8 +463,9 @@ class Views:
             self.queue.cluster_event(POD_LEAVES, node)
         for uid in gone_pending:
             self.queue.forget(uid)
-        for uid in pending:  # a listing finds every pending pod: each is tried again
-            self.queue.add(uid)
+        for uid, entry in pending.items():  # a listing finds every pending pod: each is tried again
+            if entry.pod is None or self.admits(entry.pod):
+                self.queue.add(uid)
 
     def _apply_pod(self, kind: str, pod: Mapping[str, Any]) -> None:
         meta = _meta(pod)
@@ -489,7 +489,9 @@ class Views:
             elif _is_pending_ours(pod):
                 entry = self._pending.get(uid)
                 fingerprint = _placement_fingerprint(pod)
-                queue_it = entry is None or entry.fingerprint != fingerprint
+                # a pod that PreEnqueue holds back (its gates) is kept, not queued; the update that
+                # removes its last gate changes its fingerprint, and queues it
+                queue_it = (entry is None or entry.fingerprint != fingerprint) and self.admits(pod)
                 self._put_pending(uid, pod, 0, fingerprint)
             else:
                 forget_it = self._drop_pending(uid)
@@ -516,10 +518,9 @@ class Views:
         self._index_pending(uid, self._pending[uid])
 
     def _index_pending(self, uid: str, entry: PendingPod) -> None:
-        """Inside the lock: a pending pod that asks for a gang, under its workload."""
-        annotations = metadata(entry.pod).get("annotations") if entry.pod is not None else None
-        if isinstance(annotations, Mapping) and GANG_ANNOTATION in annotations:  # any shape of pod: never a crash
-            self._gang_pending.setdefault(workload(entry.pod), {})[uid] = None
+        """Inside the lock: a pending pod, under its workload."""
+        if entry.pod is not None:
+            self._workload_pending.setdefault(workload(entry.pod), {})[uid] = None
 
     def _drop_pending(self, uid: str) -> bool:
         entry = self._pending.pop(uid, None)
@@ -527,9 +528,9 @@ class Views:
             self._pending_bytes -= entry.size
             if entry.pod is not None:
                 key = workload(entry.pod)
-                members = self._gang_pending.get(key)
+                members = self._workload_pending.get(key)
                 if members is not None and members.pop(uid, 0) is None and not members:
-                    del self._gang_pending[key]
+                    del self._workload_pending[key]
         return entry is not None
 
     def _put_assigned(self, node: str, uid: str, info: PodInfo) -> None:

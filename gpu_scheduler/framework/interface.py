@@ -1,16 +1,20 @@
 """The scheduling framework's extension points, after kube-scheduler's
-(pkg/scheduler/framework/interface.go): a pod goes through PreFilter, Filter (its one map node),
-PostFilter (only when refused), Reserve, Permit, PreBind and Bind; Unreserve undoes Reserve when a
-later phase fails. Every plugin says what it is (`name`) and which cluster events can undo its
-refusal (`events`, kube-scheduler's EventsToRegister), and answers with a typed Status.
+(pkg/scheduler/framework/interface.go): PreEnqueue decides whether a pod enters the queue at all;
+then one cycle for the pod and the pods scheduled with it (its PodGroup, a gang): PreFilter (its
+result names the candidate nodes), Filter (each candidate), PostFilter (only when refused),
+Reserve, Permit, PreBind and Bind; Unreserve undoes Reserve when a later phase fails. Every plugin
+says what it is (`name`) and which cluster events can undo its refusal (`events`, kube-scheduler's
+EventsToRegister), and answers with a typed Status.
 
-Filters are pure functions of the pod and an immutable NodeSnapshot. The phases after Filter do
-their I/O through a Cluster handle the shell implements (kube-scheduler's framework.Handle)."""
+Filters are pure functions of the pod and an immutable NodeSnapshot. The I/O of the later phases
+goes through the handle the shell passes to each cycle; each plugin declares, in its own module,
+the narrow protocol it uses of that handle (its listers and writers), so a new plugin never edits
+this file. The framework's own part of the handle is `Cluster` below."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping, Protocol, Sequence
 
 from .events import ClusterEvent
 from .snapshot import NodeSnapshot
@@ -25,11 +29,12 @@ class Code(enum.Enum):
     SUCCESS = "Success"
     # Refused now; a registered cluster event (or the pod changing) may change the answer.
     UNSCHEDULABLE = "Unschedulable"
-    # Refused for a reason only the pod itself can change (its map, its index, its claim entry).
-    UNRESOLVABLE = "UnschedulableAndUnresolvable"
+    # Refused for a reason that evicting pods cannot change (a taint, a selector, a missing node, the
+    # pod's map): PostFilter (preemption) does not try; its cluster events still retry the pod.
+    UNSCHEDULABLE_AND_UNRESOLVABLE = "UnschedulableAndUnresolvable"
     # The API failed, or the cluster changed under the attempt: not a verdict on the pod.
     ERROR = "Error"
-    WAIT = "Wait"  # Permit: hold the pod until its peers are ready (gangs)
+    WAIT = "Wait"  # Permit: the pod goes with its PodGroup (a gang member waits for the quorum)
     SKIP = "Skip"  # the plugin has nothing to say for this pod
 
 
@@ -47,6 +52,9 @@ class Status:
     # For a refusal: the reason users see on the pod (PodScheduled's reason, or the map problem,
     # such as NoMapEntry). For an ERROR: RETRY or API_ERROR, or what a Binding 409 turned out to be.
     reason: str = ""
+    # A SUCCESS of Bind that this attempt did not cause: the pod was bound to this node already
+    # (another instance, or an earlier attempt whose answer was lost). Its records stay; no Event.
+    already_bound: bool = False
 
     @property
     def ok(self) -> bool:
@@ -54,7 +62,12 @@ class Status:
 
     @property
     def refused(self) -> bool:
-        return self.code in (Code.UNSCHEDULABLE, Code.UNRESOLVABLE)
+        return self.code in (Code.UNSCHEDULABLE, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
+
+    @property
+    def preemption_may_help(self) -> bool:
+        """kube-scheduler's rule: only an Unschedulable refusal runs PostFilter."""
+        return self.code is Code.UNSCHEDULABLE
 
 
 SUCCESS = Status()
@@ -66,7 +79,7 @@ def unschedulable(plugin: str, message: str, reason: str = "Unschedulable") -> S
 
 
 def unresolvable(plugin: str, message: str, reason: str = "Unschedulable") -> Status:
-    return Status(Code.UNRESOLVABLE, plugin, message, reason)
+    return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, plugin, message, reason)
 
 
 def error(plugin: str, message: str, reason: str = RETRY) -> Status:
@@ -108,13 +121,72 @@ class CycleState:
         return copy
 
 
+# CycleState key that the PreFilter plugin choosing the pod's devices writes (MapEntry): the
+# devices the pod takes on its node. The shell's cache counts them from assume until the watch
+# shows the pod bound, so two attempts of one instance never give one device twice.
+DEVICES = "Framework/devices"
+
+
+@dataclass(frozen=True)
+class PreFilterResult:
+    """PreFilter's answer (kube-scheduler's PreFilterResult and Status in one value): the status,
+    and the nodes the pod may go to (None: any; the runtime intersects every plugin's)."""
+
+    status: Status = SUCCESS
+    node_names: frozenset[str] | None = None
+
+
+ANY_NODE_RESULT = PreFilterResult()
+
+
+@dataclass(frozen=True)
+class PodGroup:
+    """The pods scheduled together with a pod in one cycle (a gang; kube-scheduler's PodGroup):
+    its pending members in index order, the pod among them, and the names of those bound already,
+    which count toward `min_count`. A pod that belongs to no group is a group of one."""
+
+    name: str  # as users see it: <namespace>/<controller name>
+    min_count: int
+    pending: tuple[Mapping[str, Any], ...] = ()
+    bound: tuple[str, ...] = ()
+    plugin: str = ""  # the PodGroup plugin that formed it; '' for a pod alone
+
+    @property
+    def alone(self) -> bool:
+        return not self.plugin
+
+
+class PermitStage(enum.Enum):
+    """Where the cycle asks a group's quorum: after Filter (enough placeable, nothing reserved yet:
+    a group that cannot complete holds nothing while it waits) and after Reserve (enough reserved)."""
+
+    FILTERED = "filtered"
+    RESERVED = "reserved"
+
+
 class Plugin:
     name: ClassVar[str] = ""
     events: ClassVar[frozenset[ClusterEvent]] = frozenset()
 
 
+class PreEnqueuePlugin(Plugin):
+    """Before the queue: a pod refused here is not tried at all (kube-scheduler's PreEnqueue),
+    holds nothing and gets no Event; the cycle never sees it."""
+
+    def pre_enqueue(self, pod: Pod) -> Status:
+        raise NotImplementedError
+
+
+class PodGroupPlugin(Plugin):
+    """Which pods go through the cycle with `pod`, and how many of them must be placed together;
+    None: the pod goes alone. `cluster` offers the plugin's listers (its own protocol)."""
+
+    def pod_group(self, pod: Pod, cluster: Any) -> PodGroup | None:
+        raise NotImplementedError
+
+
 class PreFilterPlugin(Plugin):
-    def pre_filter(self, state: CycleState, pod: Pod) -> Status:
+    def pre_filter(self, state: CycleState, pod: Pod) -> PreFilterResult:
         raise NotImplementedError
 
 
@@ -123,70 +195,98 @@ class FilterPlugin(Plugin):
         raise NotImplementedError
 
 
-class PostFilterPlugin(Plugin):
-    """After a refusal: may make the pod placeable later (preemption), never binds it now."""
+@dataclass(frozen=True)
+class Refusal:
+    """One pod refused on its node, as PostFilter sees it: the state its filters left, and why."""
 
-    def post_filter(self, state: CycleState, pod: Pod, node: NodeSnapshot, refusal: Status,
-                    cluster: "Cluster") -> Status:
+    pod: Pod
+    state: CycleState
+    node: NodeSnapshot
+    status: Status
+
+
+class PostFilterPlugin(Plugin):
+    """After a refusal: may make the group placeable later (preemption), never binds it now.
+    `select` is the pure choice on the snapshots (what explain and plan show); `post_filter` acts
+    on it. Both take every refused member of the group: all are helped, or none."""
+
+    def select(self, group: PodGroup, refused: Sequence[Refusal], cluster: Any) -> "PostFilterResult":
         raise NotImplementedError
 
-    def post_filter_gang(self, refused: "Sequence[tuple[CycleState, Pod, NodeSnapshot, Status]]",
-                         cluster: "Cluster") -> "tuple[Status, int | None]":
-        """A gang's refused members (each with its decision's state, node and refusal), all acted
-        for or none: the status, and the index of the member nothing here can help (the gang waits
-        on its events). SKIP: the plugin does nothing for gangs."""
-        return SKIP, None
+    def post_filter(self, group: PodGroup, refused: Sequence[Refusal], cluster: Any) -> "PostFilterResult":
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class PostFilterResult:
+    """What PostFilter came to: `status` SUCCESS (it acted: victims evicted), UNSCHEDULABLE (nothing
+    done, `status.message` says why, '' to add nothing), ERROR (an API failure: the attempt's);
+    `outcome`: its short result for the metrics (Preempted, None, Waiting, Lost, Error); `blocked`:
+    the index in `refused` of the member nothing can help (its events are the ones to wait on)."""
+
+    status: Status
+    outcome: str = ""
+    blocked: int | None = None
+    # explain's words where they differ from the Event's (who *would* be preempted)
+    explained: str = ""
 
 
 class ReservePlugin(Plugin):
-    def reserve(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: "Cluster") -> Status:
+    def reserve(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: Any) -> Status:
         raise NotImplementedError
 
-    def unreserve(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: "Cluster") -> None:
+    def assume(self, state: CycleState, pod: Pod, node: NodeSnapshot) -> NodeSnapshot:
+        """What Reserve would hold, on a snapshot (a dry run places one pod after another on it:
+        suggest). By default Reserve holds nothing that the snapshot's pods do not show."""
+        return node
+
+    def unreserve(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: Any) -> None:
         raise NotImplementedError
 
 
 class PermitPlugin(Plugin):
     def permit(self, state: CycleState, pod: Pod, node: NodeSnapshot) -> Status:
+        """One pod: SUCCESS, SKIP, a refusal, or WAIT (it goes with its group: see permit_group)."""
         raise NotImplementedError
+
+    def permit_group(self, group: PodGroup, stage: PermitStage, ready: int, waits_on: str = "",
+                     refusal: Status | None = None) -> Status:
+        """The group's quorum at `stage`: `ready` members placeable (FILTERED) or reserved
+        (RESERVED), bound ones not counted; `waits_on` and `refusal`: the first member refused and
+        why. SKIP: this plugin does not decide for the group."""
+        return SKIP
 
 
 class PreBindPlugin(Plugin):
-    def pre_bind(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: "Cluster") -> Status:
+    def pre_bind(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: Any) -> Status:
         raise NotImplementedError
 
 
 class BindPlugin(Plugin):
-    def bind(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: "Cluster") -> Status:
+    def bind(self, state: CycleState, pod: Pod, node: NodeSnapshot, cluster: Any) -> Status:
         raise NotImplementedError
 
 
 class Cluster(Protocol):
-    """The I/O the phases after Filter ask of the shell. Every call raises kubeapi.errors.APIError
-    on failure; reads of something absent return None."""
+    """The framework's own part of the handle a shell passes to each cycle: node snapshots, the
+    cache's assume and forget, and a way to run calls side by side. Each plugin declares the rest
+    of what it asks (listers, writers) as a protocol in its own module; the shell's handle
+    implements them all. Every call raises kubeapi.errors.APIError on failure."""
 
     def snapshot(self, node: str) -> NodeSnapshot: ...
     def assume(self, pod: Pod, node: NodeSnapshot, devices: tuple[str, ...]) -> bool: ...
     def forget(self, pod: Pod, node: str) -> None: ...
     def each(self, calls: "Sequence[Callable[[], Status]]") -> "list[Status]":
         """Each call's Status, in order; concurrently where the shell can (a gang's Bindings)."""
-    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
-    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None: ...
-    def read_record(self, node: str, device: str) -> Any: ...
-    def create_record(self, body: Mapping[str, Any]) -> Any: ...
-    def update_record(self, name: str, body: Mapping[str, Any]) -> Any: ...
-    def delete_record(self, name: str, resource_version: str) -> None: ...
-    def read_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
-    def create_claim(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
-    def update_claim(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
-    def update_claim_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
-    # Preemption (plugins/defaultpreemption.py)
-    def pdbs(self, node: NodeSnapshot) -> Sequence[Mapping[str, Any]]:
-        """The PodDisruptionBudgets of the namespaces of the node's pods."""
-    def members_of(self, workload: tuple[str, ...]) -> Sequence[tuple[str, Any]]:
-        """(node, fit.PodInfo) of each bound pod of the workload (a gang's members)."""
-    def nominate(self, pod: Pod, node: str) -> None: ...
-    def evict(self, namespace: str, name: str, uid: str) -> None: ...
-    def mark_preempted(self, namespace: str, name: str, uid: str, reason: str, condition_message: str,
-                       event_message: str) -> None:
-        """After its eviction: the victim's DisruptionTarget condition, then its Preempted Event."""
+    def group_lock(self, group: str) -> ContextManager[Any]:
+        """Held while a group's cycle runs: one attempt per group at a time in this shell."""
+    def assumed(self, pod: Pod) -> bool:
+        """The shell is binding the pod, or has bound it and its watch has not shown it yet."""
+    def group_formed(self, pods: Sequence[Pod]) -> None:
+        """The pods this cycle decides, before their snapshots are taken (what the shell reads for them)."""
+
+
+class FilterRunner(Protocol):
+    """The framework's filter loop, as PostFilter runs it again on trial snapshots."""
+
+    def __call__(self, state: CycleState, pod: Pod, node: NodeSnapshot) -> Status: ...

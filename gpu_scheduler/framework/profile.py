@@ -1,67 +1,95 @@
-"""The one profile: which plugins run at each extension point, in order. bind, `plan --cluster`
-and `explain` all run it (kube-scheduler's KubeSchedulerProfile, as data). The filters run in
-kube-scheduler's order for the checks it has, cheapest and most fundamental first; GPU accounting
-and DRA last, since they read bind's records and claims."""
+"""A profile: which plugins run at each extension point, in order (kube-scheduler's
+KubeSchedulerProfile). It is data, as in a KubeSchedulerConfiguration:
+
+    {"plugins": {"preEnqueue": ["SchedulingGates", ...], "filter": [...], ...},
+     "pluginConfig": [{"name": "GPUQuota", "args": {"enabled": True}}]}
+
+and a registry (name -> factory, beside the plugins: gpu_scheduler/plugins/registry.py) turns the
+names into plugins. The framework imports no plugin: `build` only looks names up. A plugin named
+at several extension points is one instance, so what its PreFilter writes its Reserve reads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-from ..plugins.defaultbinder import DefaultBinder
-from ..plugins.defaultpreemption import DefaultPreemption
-from ..plugins.dynamicresources import DynamicResources
-from ..plugins.gang import Gang
-from ..plugins.gpuquota import GPUQuota
-from ..plugins.gpusheld import GPUsHeld
-from ..plugins.mapentry import MapEntry
-from ..plugins.nodeaffinity import NodeAffinity
-from ..plugins.nodeexists import NodeExists
-from ..plugins.nodegpucapacity import NodeGPUCapacity
-from ..plugins.nodeports import NodePorts
-from ..plugins.noderesourcesfit import NodeResourcesFit
-from ..plugins.nodeready import NodeReady
-from ..plugins.nodeunschedulable import NodeUnschedulable
-from ..plugins.tainttoleration import TaintToleration
-from .config import SchedulerConfig
 from .events import ClusterEvent
 from .interface import (
-    BindPlugin, FilterPlugin, PermitPlugin, Plugin, PostFilterPlugin, PreBindPlugin, PreFilterPlugin, ReservePlugin,
+    BindPlugin, FilterPlugin, PermitPlugin, Plugin, PodGroupPlugin, PostFilterPlugin, PreBindPlugin,
+    PreEnqueuePlugin, PreFilterPlugin, ReservePlugin,
 )
 
-# Every plugin class of the profile: their names and events are known without a configuration.
-PLUGINS: tuple[type[Plugin], ...] = (
-    MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity, NodeAffinity, NodePorts,
-    NodeResourcesFit, GPUQuota, GPUsHeld, DynamicResources, Gang, DefaultPreemption, DefaultBinder,
-)
+# The extension points, as a profile's `plugins` names them, and the interface each asks for.
+EXTENSION_POINTS: dict[str, type[Plugin]] = {
+    "preEnqueue": PreEnqueuePlugin,
+    "podGroup": PodGroupPlugin,
+    "preFilter": PreFilterPlugin,
+    "filter": FilterPlugin,
+    "postFilter": PostFilterPlugin,
+    "reserve": ReservePlugin,
+    "permit": PermitPlugin,
+    "preBind": PreBindPlugin,
+    "bind": BindPlugin,
+}
+
+# name -> factory(args, handle): `args` the plugin's pluginConfig entry ({} when none), `handle`
+# what the framework offers every plugin (FrameworkHandle: its filter loop).
+Factory = Callable[[Mapping[str, Any], Any], Plugin]
+Registry = Mapping[str, Factory]
 
 
-def events_to_register() -> dict[str, frozenset[ClusterEvent]]:
-    """Each plugin's name -> the cluster events that can undo its refusal (the scheduling
-    queue's queueing hints). A plugin that registers none is retried only when the pod changes."""
-    return {plugin.name: plugin.events for plugin in PLUGINS}
+class ProfileError(ValueError):
+    """A profile that names an unknown plugin, or a plugin at a point it does not implement."""
 
 
 @dataclass(frozen=True)
 class Profile:
-    pre_filter: tuple[PreFilterPlugin, ...]
-    filter: tuple[FilterPlugin, ...]
-    post_filter: tuple[PostFilterPlugin, ...]
-    reserve: tuple[ReservePlugin, ...]
-    permit: tuple[PermitPlugin, ...]
-    pre_bind: tuple[PreBindPlugin, ...]
-    bind: tuple[BindPlugin, ...]
+    pre_enqueue: tuple[PreEnqueuePlugin, ...] = ()
+    pod_group: tuple[PodGroupPlugin, ...] = ()
+    pre_filter: tuple[PreFilterPlugin, ...] = ()
+    filter: tuple[FilterPlugin, ...] = ()
+    post_filter: tuple[PostFilterPlugin, ...] = ()
+    reserve: tuple[ReservePlugin, ...] = ()
+    permit: tuple[PermitPlugin, ...] = ()
+    pre_bind: tuple[PreBindPlugin, ...] = ()
+    bind: tuple[BindPlugin, ...] = ()
+
+    def plugins(self) -> tuple[Plugin, ...]:
+        seen: dict[int, Plugin] = {}
+        for point in _FIELDS.values():
+            for plugin in getattr(self, point):
+                seen.setdefault(id(plugin), plugin)
+        return tuple(seen.values())
 
 
-def default_profile(config: SchedulerConfig) -> Profile:
-    node_exists, gpus_held, dynamic, gang = NodeExists(), GPUsHeld(), DynamicResources(config), Gang()
-    # NodeExists first: the filters after it read the node.
-    filters = (node_exists, NodeUnschedulable(), NodeReady(), TaintToleration(), NodeGPUCapacity(), NodeAffinity(),
-               NodePorts(), NodeResourcesFit(), GPUQuota(config.quota), gpus_held, dynamic)
-    return Profile(
-        pre_filter=(MapEntry(), gang, dynamic),
-        filter=filters,
-        post_filter=(DefaultPreemption(filters),),  # runs the filters again with its victims gone
-        reserve=(gpus_held, dynamic),  # Unreserve in reverse: the claim's allocation, then the records
-        permit=(gang,),
-        pre_bind=(dynamic,),
-        bind=(DefaultBinder(),),
-    )
+_FIELDS = {"preEnqueue": "pre_enqueue", "podGroup": "pod_group", "preFilter": "pre_filter", "filter": "filter",
+           "postFilter": "post_filter", "reserve": "reserve", "permit": "permit", "preBind": "pre_bind",
+           "bind": "bind"}
+
+
+def build(config: Mapping[str, Any], registry: Registry, handle: Any) -> Profile:
+    """The profile `config` names, each plugin made once by its factory with its args."""
+    points = config.get("plugins") or {}
+    unknown_points = sorted(set(points) - set(EXTENSION_POINTS))
+    if unknown_points:
+        raise ProfileError(f"unknown extension point(s) {unknown_points}: the points are {list(EXTENSION_POINTS)}")
+    args = {entry["name"]: entry.get("args") or {} for entry in config.get("pluginConfig") or ()}
+    made: dict[str, Plugin] = {}
+
+    def plugin(name: str, point: str) -> Plugin:
+        if name not in made:
+            if name not in registry:
+                raise ProfileError(f"plugin {name!r} (at {point}) is not registered: the registry has"
+                                   f" {sorted(registry)}")
+            made[name] = registry[name](args.get(name, {}), handle)
+        if not isinstance(made[name], EXTENSION_POINTS[point]):
+            raise ProfileError(f"plugin {name!r} does not implement {point}")
+        return made[name]
+
+    return Profile(**{_FIELDS[point]: tuple(plugin(name, point) for name in names)
+                      for point, names in points.items()})
+
+
+def events_to_register(profile: Profile) -> dict[str, frozenset[ClusterEvent]]:
+    """Each plugin's name -> the cluster events that can undo its refusal (the scheduling
+    queue's queueing hints). A plugin that registers none is retried only when the pod changes."""
+    return {plugin.name: plugin.events for plugin in profile.plugins()}

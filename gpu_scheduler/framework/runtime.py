@@ -1,36 +1,44 @@
-"""Runs the profile: one attempt for one pod (kube-scheduler's schedulingCycle and bindingCycle).
+"""Runs a profile (kube-scheduler's frameworkImpl, schedulingCycle and bindingCycle), in one cycle
+for a pod and the pods scheduled with it.
 
-`decide` is PreFilter and Filter on a snapshot of the pod's node: what bind, `plan --cluster` and
-`explain` all ask. `schedule` is bind's whole attempt: decide, assume the pod on the node (refused
-when the node changed since its snapshot: decided again), Reserve, Permit, PreBind, Bind; a
-failure after Reserve runs Unreserve in reverse order and forgets the pod.
+`pre_enqueue` is asked before a pod is queued: a pod it refuses (gated) is never tried.
+`schedule` is bind's whole attempt. The pod's PodGroup plugin names the pods that go with it (a
+gang; a pod alone is a group of one) and each of them is decided on a snapshot of its node
+(PreFilter, whose result names the node, then Filter). Permit's group quorum is asked before
+anything is reserved, so a group that cannot complete holds nothing while it waits; refused,
+PostFilter may act for every refused member or none. Then each placeable member is assumed and
+reserved in one global (node, device) order (decided again when its node changed since its
+snapshot), the quorum asked again, PreBind run for every member and only then the Bindings, side by
+side. A failure before the Bindings unreserves every member, in reverse order, and forgets them.
 
-A gang's members go together (plugins/gang.py, docs/gangs.md): `decide_gang` decides each pending
-member alone and asks the Gang plugin's quorum, reserving nothing; `schedule_gang` then assumes
-and reserves the placeable members in one global (node, device) order, asks the quorum again
-(Permit), runs PreBind for every member and only then the Bindings. A failure before the
-Bindings unreserves every member, in reverse order."""
+`evaluate` is the same cycle's dry run: PreEnqueue, the group, PreFilter, Filter, the quorum and
+PostFilter's choice, nothing written. It is the one answer to "what would bind do with this pod
+now", which explain, `plan --cluster` and `suggest` render; bind's Events render `schedule`'s,
+whose refusals carry the same words."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from ..placement import Resolved, metadata
-from ..plugins import gang as gangs
-from ..plugins.mapentry import resolved
-from .interface import RETRY, SUCCESS, Cluster, Code, CycleState, Status, error
-from .profile import Profile
-from .snapshot import GangSnapshot, NodeSnapshot
+from .interface import (
+    DEVICES, RETRY, SUCCESS, Cluster, Code, CycleState, PermitStage, PodGroup, PostFilterResult, Refusal, Status,
+    error, unresolvable,
+)
+from ..fit import PodInfo
+from .profile import Profile, Registry, build
+from .snapshot import NodeSnapshot
 
 STALE_TRIES = 20  # decisions of one attempt whose node changed before the pod was assumed on it
-PRE_FILTER, FILTER, POST_FILTER, RESERVE, PERMIT, PRE_BIND, BIND = (
-    "PreFilter", "Filter", "PostFilter", "Reserve", "Permit", "PreBind", "Bind")
+PRE_ENQUEUE, PRE_FILTER, FILTER, POST_FILTER, RESERVE, PERMIT, PRE_BIND, BIND = (
+    "PreEnqueue", "PreFilter", "Filter", "PostFilter", "Reserve", "Permit", "PreBind", "Bind")
+FRAMEWORK = "Framework"  # the plugin named in the framework's own refusals
 
 
 @dataclass(frozen=True)
 class Decision:
-    """PreFilter and Filter's answer: SUCCESS (placeable on `node` now) or the first refusal."""
+    """PreFilter and Filter's answer for one pod: SUCCESS (placeable on `node` now) or the first
+    refusal."""
 
     status: Status
     node: NodeSnapshot | None  # None when PreFilter refused: no node was looked at
@@ -38,23 +46,12 @@ class Decision:
     phase: str
 
     @property
-    def entry(self) -> Resolved | None:
-        return resolved(self.state)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one attempt of bind's came to: bound (SUCCESS), refused, or an ERROR, and in which
-    phase; `node` is the map's node ('' when PreFilter refused)."""
-
-    status: Status
-    node: str
-    phase: str
-    preemption: str = ""  # what PostFilter (preemption) came to: its reason ("Preempted", "None", ...); '' when not run
+    def devices(self) -> tuple[str, ...]:
+        return tuple(self.state.read(DEVICES) or ())
 
     @property
-    def bound(self) -> bool:
-        return self.status.code is Code.SUCCESS
+    def node_name(self) -> str:
+        return self.node.name if self.node else ""
 
 
 @dataclass(frozen=True)
@@ -68,173 +65,339 @@ class MemberDecision:
 
 
 @dataclass(frozen=True)
-class GangDecision:
-    """decide_gang's answer: SUCCESS when enough members are placeable now (those in `members`
-    whose decision is SUCCESS), else the Gang plugin's refusal or a member's ERROR. `members`: each
-    pending member's own decision, in index order (empty when too few members exist and the
-    caller did not ask for every member's); `waits_on`: the refused member the gang waits for."""
+class Outcome:
+    """What one attempt came to for one pod: bound (SUCCESS), refused, or an ERROR, and in which
+    phase; `node` is the map's node ('' when refused before a node was looked at)."""
 
+    pod: Mapping[str, Any]
     status: Status
-    members: tuple[MemberDecision, ...]
-    waits_on: MemberDecision | None = None
+    node: str
+    phase: str
+    decision: Decision | None = None
 
     @property
-    def placeable(self) -> tuple[MemberDecision, ...]:
-        return tuple(m for m in self.members if m.decision.status.ok)
+    def bound(self) -> bool:
+        return self.status.code is Code.SUCCESS
+
+    @property
+    def uid(self) -> str:
+        return str((self.pod.get("metadata") or {}).get("uid") or "")
+
+    def of(self, pod: Mapping[str, Any]) -> bool:
+        return _same(pod, self.pod)
 
 
 @dataclass(frozen=True)
-class GangOutcome:
-    """What bind's attempt at a gang came to: the gang's status (SUCCESS: its placeable members
-    bound), each pending member's own Outcome, and the member whose refusal it waits on (for the
-    queue's hints: that member's plugin and node)."""
+class CycleOutcome:
+    """What `schedule` came to: the group's status (SUCCESS: its placeable members bound), each
+    pending member's Outcome (the pod first tried among them), the member whose refusal the group
+    waits on (its plugin's events retry it), and what PostFilter came to ('' when not run)."""
 
     status: Status
-    members: tuple[tuple[Mapping[str, Any], Outcome], ...]
+    group: PodGroup
+    members: tuple[Outcome, ...]
     waits_on: Outcome | None = None
-    preemption: str = ""  # what PostFilter came to for the gang, as Outcome.preemption
+    preemption: str = ""
+
+    def of(self, uid: str) -> Outcome | None:
+        return next((m for m in self.members if m.uid == uid), None)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `evaluate` found, nothing written: the group's status and phase, each pending member's
+    decision, the member the group waits on, and PostFilter's choice where it ran."""
+
+    status: Status
+    phase: str
+    group: PodGroup
+    members: tuple[MemberDecision, ...]
+    waits_on: MemberDecision | None = None
+    post_filter: PostFilterResult | None = None
+
+    @property
+    def placeable(self) -> bool:
+        return self.status.ok
+
+    def of(self, pod: Mapping[str, Any]) -> MemberDecision | None:
+        return next((m for m in self.members if _same(pod, m.pod)), None)
+
+
+@dataclass(frozen=True)
+class _Quorum:
+    """The group's members decided, and whether enough of them can go now."""
+
+    status: Status
+    phase: str
+    group: PodGroup
+    members: tuple[MemberDecision, ...]
+    refused: tuple[MemberDecision, ...]
+
+    @property
+    def waits_on(self) -> MemberDecision | None:
+        return self.refused[0] if self.refused else None
 
 
 class Framework:
     def __init__(self, profile: Profile):
         self.profile = profile
 
-    def decide(self, pod: Mapping[str, Any], snapshot_of: Callable[[str], NodeSnapshot]) -> Decision:
-        state = CycleState()
-        for plugin in self.profile.pre_filter:
-            status = plugin.pre_filter(state, pod)
-            if not status.ok:
-                return Decision(status, None, state, PRE_FILTER)
-        node = snapshot_of(resolved(state).placement.node)
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if uid in node.info.uids:  # the pod itself, listed on its node already (a retry): not its own neighbour
-            node = dataclasses.replace(node, info=node.info.without(uid))
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], registry: Registry) -> "Framework":
+        """The framework of a profile given as data; its plugins get this framework as their handle."""
+        framework = cls(Profile())
+        framework.profile = build(config, registry, framework)
+        return framework
+
+    # -- what plugins ask of the framework (kube-scheduler's framework.Handle) ------------------
+    def run_filters(self, state: CycleState, pod: Mapping[str, Any], node: NodeSnapshot) -> Status:
+        """The one filter loop: each Filter plugin in turn on `node` until one refuses."""
         for plugin in self.profile.filter:
             status = plugin.filter(state, pod, node)
             if not status.ok:
-                return Decision(status, node, state, FILTER)
-        return Decision(SUCCESS, node, state, FILTER)
+                return status
+        return SUCCESS
 
-    def schedule(self, pod: Mapping[str, Any], cluster: Cluster) -> Outcome:
-        for _ in range(STALE_TRIES):
-            decision = self.decide(pod, cluster.snapshot)
-            node = decision.node
-            if not decision.status.ok or node is None:
-                if node is not None and decision.status.refused:
-                    return self._post_filter(pod, decision, cluster)
-                return Outcome(decision.status, node.name if node else "", decision.phase)
-            if cluster.assume(pod, node, resolved(decision.state).placement.devices):
-                return self._bind_cycle(pod, decision.state, node, cluster)
-        return Outcome(error("", f"node {node.name} changed {STALE_TRIES} times while deciding", RETRY), node.name,
-                       RESERVE)
+    def assume(self, decision: Decision, pod: Mapping[str, Any]) -> NodeSnapshot:
+        """The decided node's snapshot with `pod` on it, as bind's cache holds an assumed pod
+        (its devices counted), and each Reserve plugin's hold (a DRA claim's devices): a dry run
+        that places one pod after another (suggest) decides each on what the earlier ones took."""
+        node = decision.node
+        meta = dict(pod.get("metadata") or {})
+        meta.setdefault("uid", f"assumed/{meta.get('namespace')}/{meta.get('name')}")
+        placed = {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node.name}}
+        info = dataclasses.replace(PodInfo.of(placed), devices=decision.devices)
+        node = dataclasses.replace(node, info=node.info.plus(info), generation=node.generation + 1)
+        for plugin in self.profile.reserve:
+            node = plugin.assume(decision.state, placed, node)
+        return node
 
-    def decide_gang(self, gang: GangSnapshot, snapshot_of: Callable[[str], NodeSnapshot],
-                    every_member: bool = False) -> GangDecision:
-        """Each pending member decided alone on snapshots, and the Gang plugin's quorum: enough
-        members exist, and enough pass their filters (bound members count). Nothing written.
-        Members are decided only when enough exist, unless `every_member` (explain, plan)."""
-        exist = gangs.members_exist(gang)
-        if not exist.ok and not every_member:
-            return GangDecision(exist, ())
-        members = tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in gang.pending)
+    # -- PreEnqueue ------------------------------------------------------------------------------
+    def pre_enqueue(self, pod: Mapping[str, Any]) -> Status:
+        """Whether the pod may be queued at all (its scheduling gates)."""
+        return _first_not_ok(self.profile.pre_enqueue, lambda p: p.pre_enqueue(pod))
+
+    # -- the decision ----------------------------------------------------------------------------
+    def decide(self, pod: Mapping[str, Any], snapshot_of: Callable[[str], NodeSnapshot]) -> Decision:
+        """PreFilter, then Filter on the node PreFilter's results name, on its snapshot."""
+        state = CycleState()
+        nodes: frozenset[str] | None = None
+        for plugin in self.profile.pre_filter:
+            result = plugin.pre_filter(state, pod)
+            if not result.status.ok:
+                return Decision(result.status, None, state, PRE_FILTER)
+            if result.node_names is not None:
+                nodes = result.node_names if nodes is None else nodes & result.node_names
+        if not nodes:
+            why = ("no PreFilter plugin named a node for the pod" if nodes is None else
+                   "the PreFilter plugins named no node in common")
+            return Decision(unresolvable(FRAMEWORK, why), None, state, PRE_FILTER)
+        # A pinned pod has one candidate; were there several, the first that fits (no scoring).
+        decision = None
+        for name in sorted(nodes):
+            node = snapshot_of(name)
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            if uid in node.info.uids:  # the pod itself, listed on its node already (a retry): not its own neighbour
+                node = dataclasses.replace(node, info=node.info.without(uid))
+            status = self.run_filters(state, pod, node)
+            decision = Decision(status, node, state, FILTER)
+            if status.ok:
+                break
+        return decision
+
+    def group_of(self, pod: Mapping[str, Any], cluster: Any) -> PodGroup:
+        """The pods that go through the cycle with `pod`: its PodGroup plugin's group, without the
+        members PreEnqueue holds back (a gated member is not there yet), or `pod` alone."""
+        for plugin in self.profile.pod_group:
+            group = plugin.pod_group(pod, cluster)
+            if group is not None:
+                pending = tuple(m for m in group.pending if _same(pod, m) or self.pre_enqueue(m).ok)
+                return dataclasses.replace(group, pending=pending)
+        return PodGroup(_name(pod), 1, (pod,))
+
+    def _quorum(self, group: PodGroup, snapshot_of: Callable[[str], NodeSnapshot], every_member: bool = False
+                ) -> _Quorum:
+        """Each pending member decided on its own, then the group's quorum (Permit, FILTERED).
+        Members are decided only when the quorum could be met were every one placeable (enough
+        exist), unless `every_member` (explain, plan: each member's own answer is shown)."""
+        if not every_member and not group.alone:
+            could = self._permit_group(group, PermitStage.FILTERED, len(group.pending), None)
+            if could is not None and not could.ok:
+                return _Quorum(could, PERMIT, group, (), ())
+        members = tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in group.pending)
         failed = next((m for m in members if m.decision.status.code is Code.ERROR), None)
         if failed is not None:
-            return GangDecision(failed.decision.status, members, failed)
-        if not exist.ok:
-            return GangDecision(exist, members)
-        refused = next((m for m in members if not m.decision.status.ok), None)
-        placeable = sum(1 for m in members if m.decision.status.ok)
-        if refused is None:
-            return GangDecision(SUCCESS, members)
-        return GangDecision(gangs.members_placeable(gang, placeable, _short(refused.pod), refused.decision.status), members,
-                            refused)
+            return _Quorum(failed.decision.status, failed.decision.phase, group, members, (failed,))
+        refused = tuple(m for m in members if not m.decision.status.ok)
+        placeable = len(members) - len(refused)
+        first = refused[0] if refused else None
+        status = self._permit_group(group, PermitStage.FILTERED, placeable, first)
+        if status is None:  # no plugin decides for the group: every member must be placeable (a pod alone)
+            status = first.decision.status if first else SUCCESS
+        phase = (first.decision.phase if first and status is first.decision.status else PERMIT) if not status.ok \
+            else FILTER
+        return _Quorum(status, phase, group, members, refused)
 
-    def schedule_gang(self, gang: GangSnapshot, cluster: Cluster) -> GangOutcome:
-        """bind's attempt at a gang: decide_gang; then every placeable member assumed and
-        reserved in (node, device) order, the quorum asked again, PreBind for all, and the
-        Bindings (through cluster.each, concurrently where the shell can). A refusal or failure
-        before the Bindings unreserves every member reserved, in reverse order, and forgets them."""
-        decided = self.decide_gang(gang, cluster.snapshot)
-        if not decided.status.ok:
-            status, preemption, blocked = self._post_filter_gang(decided, cluster)
-            # the queue's hint: the refused member's own plugin and node; after preemption, the
-            # member it could not help (its events are the ones that can change the answer)
-            waits_on_member = blocked or decided.waits_on
-            waits_on = _outcome_of(waits_on_member, waits_on_member.decision.status) if waits_on_member else None
-            if status.code is Code.ERROR:
-                return GangOutcome(status, tuple((pod, Outcome(status, _node_of(pod, decided), POST_FILTER))
-                                                 for pod in gang.pending), Outcome(status, "", POST_FILTER), preemption)
-            return GangOutcome(status, tuple((pod, Outcome(status, _node_of(pod, decided), FILTER))
-                                             for pod in gang.pending), waits_on, preemption)
-        alone = tuple((m.pod, _outcome_of(m, m.decision.status)) for m in decided.members if not m.decision.status.ok)
-        order = sorted(decided.placeable, key=lambda m: (m.decision.node.name, m.decision.entry.placement.devices))
+    def _permit_group(self, group: PodGroup, stage: PermitStage, ready: int, first: MemberDecision | None,
+                      lost: tuple[str, Status] | None = None) -> Status | None:
+        waits_on, refusal = (lost if lost else (_short(first.pod), first.decision.status) if first else ("", None))
+        for plugin in self.profile.permit:
+            status = plugin.permit_group(group, stage, ready, waits_on, refusal)
+            if status.code is not Code.SKIP:
+                return status
+        return None
+
+    def _refusals(self, quorum: _Quorum) -> list[Refusal]:
+        """The refused members PostFilter may help: each refused on its node, every one of them."""
+        refusals = [Refusal(m.pod, m.decision.state, m.decision.node, m.decision.status) for m in quorum.refused
+                    if m.decision.node is not None and m.decision.status.refused]
+        return refusals if quorum.refused and len(refusals) == len(quorum.refused) else []
+
+    def evaluate(self, pod: Mapping[str, Any], cluster: Any) -> Verdict:
+        """What bind's next attempt would decide for `pod` and its group, nothing written."""
+        status = self.pre_enqueue(pod)
+        if not status.ok:
+            return Verdict(status, PRE_ENQUEUE, PodGroup(_name(pod), 1, (pod,)), ())
+        group = self.group_of(pod, cluster)
+        cluster.group_formed(group.pending)
+        quorum = self._quorum(group, cluster.snapshot, every_member=True)
+        waits_on = quorum.waits_on
+        if quorum.status.ok or quorum.status.code is Code.ERROR:
+            return Verdict(quorum.status, quorum.phase, group, quorum.members, waits_on)
+        refusals, chosen = self._refusals(quorum), None
+        for plugin in self.profile.post_filter if refusals else ():
+            chosen = plugin.select(group, refusals, cluster)
+            if chosen.status.code is not Code.SKIP:
+                break
+        status = _with_post_filter(quorum.status, chosen)
+        if chosen is not None and chosen.blocked is not None:
+            waits_on = next(m for m in quorum.refused if m.pod is refusals[chosen.blocked].pod)
+        return Verdict(status, quorum.phase, group, quorum.members, waits_on, chosen)
+
+    # -- bind's attempt ----------------------------------------------------------------------------
+    def schedule(self, pod: Mapping[str, Any], cluster: Cluster) -> CycleOutcome:
+        """bind's attempt at `pod` and its group (the module's docstring)."""
+        status = self.pre_enqueue(pod)
+        if not status.ok:
+            alone = PodGroup(_name(pod), 1, (pod,))
+            return CycleOutcome(status, alone, (Outcome(pod, status, "", PRE_ENQUEUE),))
+        group = self.group_of(pod, cluster)
+        if group.alone:
+            return self._cycle(pod, group, cluster)
+        with cluster.group_lock(group.name):  # one attempt per group at a time in this instance
+            if cluster.assumed(pod):  # bound with its group by the attempt this one waited for
+                done = Status(Code.SUCCESS, "", f"bound with {group.name}", already_bound=True)
+                return CycleOutcome(done, group, (Outcome(pod, done, "", BIND),))
+            return self._cycle(pod, self.group_of(pod, cluster), cluster)  # as it is after that attempt
+
+    def _cycle(self, pod: Mapping[str, Any], group: PodGroup, cluster: Cluster) -> CycleOutcome:
+        cluster.group_formed(group.pending)
+        quorum = self._quorum(group, cluster.snapshot)
+        if not quorum.status.ok:
+            return self._refused(quorum, cluster)
+        alone = tuple(_outcome(m, m.decision.status) for m in quorum.refused)
+        order = sorted((m for m in quorum.members if m.decision.status.ok),
+                       key=lambda m: (m.decision.node_name, m.decision.devices))
         reserved: list[tuple[MemberDecision, list]] = []
         failure: tuple[Status, str, str, str] | None = None  # (status, member, node, phase)
         for member in order:
-            member, status, plugins = self._reserve_member(member, cluster)
+            member, status, plugins, phase = self._reserve(member, group, cluster)
             if status.ok:
                 reserved.append((member, plugins))
                 continue
-            failure = (status, _short(member.pod), member.decision.node.name if member.decision.node else "", RESERVE)
+            failure = (status, _short(member.pod), member.decision.node_name, phase)
             break
         if failure is None:
-            permit = gangs.members_reserved(gang, len(reserved))
-            if not permit.ok:
+            permit = self._permit_group(group, PermitStage.RESERVED, len(reserved), None)
+            if permit is not None and not permit.ok:
                 failure = (permit, "", "", PERMIT)
         if failure is None:
             for member, _ in reserved:
-                status = _first_not_ok(self.profile.pre_bind, lambda p: p.pre_bind(
-                    member.decision.state, member.pod, member.decision.node, cluster))
+                status = _first_not_ok(self.profile.pre_bind, lambda p, m=member: p.pre_bind(
+                    m.decision.state, m.pod, m.decision.node, cluster))
                 if not status.ok:
-                    failure = (status, _short(member.pod), member.decision.node.name, PRE_BIND)
+                    failure = (status, _short(member.pod), member.decision.node_name, PRE_BIND)
                     break
         if failure is not None:
             self._release(reserved, cluster)
             status, member, node, phase = failure
-            if status.refused and phase != PERMIT:
-                status = gangs.members_reserved(gang, len(reserved), member, status)
-            elif status.code is Code.ERROR and member:
-                status = dataclasses.replace(status, message=f"gang {gang.name}: member {member}: {status.message}")
-            return GangOutcome(status, tuple((m.pod, Outcome(status, m.decision.node.name if m.decision.node else "",
-                                                             phase)) for m in decided.members) + (),
-                               Outcome(status, node, phase))
-        bound = cluster.each([lambda m=m: self._bind_member(m, plugins, cluster) for m, plugins in reserved])
-        outcomes = tuple((m.pod, Outcome(status, m.decision.node.name, BIND))
+            if not group.alone and member:
+                if status.refused and phase != PERMIT:
+                    status = self._permit_group(group, PermitStage.RESERVED, len(reserved), None,
+                                                (member, status)) or status
+                elif status.code is Code.ERROR:
+                    status = dataclasses.replace(status, message=f"gang {group.name}: member {member}: {status.message}")
+            members = tuple(Outcome(m.pod, status, m.decision.node_name, phase, m.decision) for m in quorum.members)
+            return CycleOutcome(status, group, members, Outcome(pod, status, node, phase))
+        bound = cluster.each([lambda m=m, p=p: self._bind(m, p, group, cluster) for m, p in reserved])
+        outcomes = tuple(Outcome(m.pod, status, m.decision.node_name, BIND, m.decision)
                          for (m, _), status in zip(reserved, bound)) + alone
-        failed_bind = next((o for _, o in outcomes if o.phase == BIND and not o.bound), None)
-        return GangOutcome(failed_bind.status if failed_bind else SUCCESS, outcomes, failed_bind)
+        failed = next((o for o in outcomes if o.phase == BIND and not o.bound), None)
+        return CycleOutcome(failed.status if failed else SUCCESS, group, _first(pod, outcomes), failed)
 
-    def _reserve_member(self, member: MemberDecision, cluster: Cluster) -> tuple[MemberDecision, Status, list]:
-        """Assume the member on its node (decided again while the node changed under the
-        decision, as by earlier members of its own gang) and run Reserve; on a refusal, what it
+    def _refused(self, quorum: _Quorum, cluster: Cluster) -> CycleOutcome:
+        """The group refused (or an ERROR while deciding): PostFilter may act for every refused
+        member or none; its words are added to the refusal, whose plugin stays (its events retry
+        the group). An API failure of PostFilter's is the attempt's ERROR, retried after the backoff."""
+        status, waits_on, preemption, phase = quorum.status, quorum.waits_on, "", quorum.phase
+        refusals = self._refusals(quorum) if status.code is not Code.ERROR else []
+        for plugin in self.profile.post_filter if refusals else ():
+            result = plugin.post_filter(quorum.group, refusals, cluster)
+            if result.status.code is Code.SKIP:
+                continue
+            preemption = result.outcome
+            if result.status.code is Code.ERROR:
+                status, phase = result.status, POST_FILTER
+                break
+            status = _with_post_filter(status, result)
+            if result.blocked is not None:
+                waits_on = next(m for m in quorum.refused if m.pod is refusals[result.blocked].pod)
+            break
+        node_of = {id(m.pod): m.decision.node_name for m in quorum.members}
+        members = tuple(Outcome(p, status, node_of.get(id(p), ""), phase,
+                                next((m.decision for m in quorum.members if m.pod is p), None))
+                        for p in quorum.group.pending)
+        waits = _outcome(waits_on, waits_on.decision.status) if waits_on else None
+        if status.code is Code.ERROR and phase == POST_FILTER:
+            waits = Outcome(quorum.group.pending[0], status, "", POST_FILTER)
+        return CycleOutcome(status, quorum.group, members, waits, preemption)
+
+    def _reserve(self, member: MemberDecision, group: PodGroup, cluster: Cluster
+                 ) -> tuple[MemberDecision, Status, list, str]:
+        """Assume the member on its node (decided again while the node changed under the decision,
+        as by earlier members of its own group), then Reserve and Permit; on a refusal, what it
         reserved is undone here."""
         for _ in range(STALE_TRIES):
-            node = member.decision.node
-            if cluster.assume(member.pod, node, member.decision.entry.placement.devices):
+            if cluster.assume(member.pod, member.decision.node, member.decision.devices):
                 break
             member = MemberDecision(member.pod, self.decide(member.pod, cluster.snapshot))
             if not member.decision.status.ok:
-                return member, member.decision.status, []
+                return member, member.decision.status, [], member.decision.phase
         else:
-            return member, error("", f"node {member.decision.node.name} changed {STALE_TRIES} times while deciding",
-                                 RETRY), []
-        state, node, reserved = member.decision.state, member.decision.node, []
+            return member, error("", f"node {member.decision.node_name} changed {STALE_TRIES} times while deciding",
+                                 RETRY), [], RESERVE
+        state, node, pod, reserved = member.decision.state, member.decision.node, member.pod, []
+        failure: tuple[Status, str] | None = None
         for plugin in self.profile.reserve:
             reserved.append(plugin)
-            status = plugin.reserve(state, member.pod, node, cluster)
+            status = plugin.reserve(state, pod, node, cluster)
             if not status.ok:
-                for done in reversed(reserved):
-                    done.unreserve(state, member.pod, node, cluster)
-                cluster.forget(member.pod, node.name)
-                return member, status, []
-        for plugin in self.profile.permit:
-            status = plugin.permit(state, member.pod, node)
-            if status.code is not Code.WAIT and not status.ok:  # the Gang plugin waits: the quorum decides
-                for done in reversed(reserved):
-                    done.unreserve(state, member.pod, node, cluster)
-                cluster.forget(member.pod, node.name)
-                return member, status, []
-        return member, SUCCESS, reserved
+                failure = (status, RESERVE)
+                break
+        for plugin in self.profile.permit if failure is None else ():
+            status = plugin.permit(state, pod, node)
+            if status.code is Code.WAIT and group.alone:
+                failure = (error(plugin.name, f"Permit asked a pod alone to wait: {status.message}"), PERMIT)
+            elif status.code is not Code.WAIT and not status.ok:
+                failure = (status, PERMIT)
+            if failure:
+                break
+        if failure is not None:
+            for done in reversed(reserved):
+                done.unreserve(state, pod, node, cluster)
+            cluster.forget(pod, node.name)
+            return member, failure[0], [], failure[1]
+        return member, SUCCESS, reserved, RESERVE
 
     @staticmethod
     def _release(reserved: list[tuple[MemberDecision, list]], cluster: Cluster) -> None:
@@ -243,105 +406,55 @@ class Framework:
                 plugin.unreserve(member.decision.state, member.pod, member.decision.node, cluster)
             cluster.forget(member.pod, member.decision.node.name)
 
-    def _bind_member(self, member: MemberDecision, plugins: list, cluster: Cluster) -> Status:
-        """One Binding of a gang. A member whose Binding failed keeps what was reserved for it:
-        the others may be bound already, and its GPUs are its gang's; its records free themselves
-        after their grace if it is never bound (or at once when it is deleted), and the next
-        attempt, which counts the bound members, binds it."""
-        state, node = member.decision.state, member.decision.node
-        status = _first_not_ok(self.profile.bind, lambda p: p.bind(state, member.pod, node, cluster),
-                               stop_at_success=True)
-        if not (status.code is Code.SUCCESS and not status.reason):
-            cluster.forget(member.pod, node.name)
+    def _bind(self, member: MemberDecision, plugins: list, group: PodGroup, cluster: Cluster) -> Status:
+        """One Binding. A pod alone whose Binding failed gives back what it reserved. A group's
+        member keeps it: the others may be bound already, and its GPUs are its group's; its
+        records free themselves after their grace if it is never bound (or at once when it is
+        deleted), and the next attempt, which counts the bound members, binds it."""
+        state, node, pod = member.decision.state, member.decision.node, member.pod
+        status = _first_not_ok(self.profile.bind, lambda p: p.bind(state, pod, node, cluster), stop_at_success=True)
+        if status.code is Code.SUCCESS and not status.already_bound:
+            return status
+        if status.code is not Code.SUCCESS and group.alone:  # already bound keeps its records: the pod holds them
+            for plugin in reversed(plugins):
+                plugin.unreserve(state, pod, node, cluster)
+        cluster.forget(pod, node.name)
         return status
 
-    def _post_filter(self, pod, decision: Decision, cluster: Cluster) -> Outcome:
-        """The refusal stands; PostFilter plugins may act so that a later attempt succeeds. What
-        they did or why they could not is added to the refusal's message (kube-scheduler's
-        "preemption: ..."); the refusing plugin stays, so its events retry the pod. An API failure
-        of theirs is the attempt's ERROR: retried after the backoff."""
-        refusal = decision.status
-        for plugin in self.profile.post_filter:
-            status = plugin.post_filter(decision.state, pod, decision.node, refusal, cluster)
-            if status.code is Code.ERROR:
-                return Outcome(status, decision.node.name, POST_FILTER, "Error")
-            said = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}") \
-                if status.message else refusal
-            if status.code is Code.SUCCESS or plugin is self.profile.post_filter[-1]:
-                return Outcome(said, decision.node.name, decision.phase, status.reason)
-        return Outcome(refusal, decision.node.name, decision.phase)
 
-    def _post_filter_gang(self, decided: GangDecision, cluster: Cluster
-                          ) -> tuple[Status, str, MemberDecision | None]:
-        """A gang refused because members are refused on their nodes (all exist): preemption for
-        all of those members or none (plugins/defaultpreemption.py), its words added to the gang's;
-        with the member preemption could not help, if any."""
-        refusal = decided.status
-        refused = [m for m in decided.members if not m.decision.status.ok]
-        if not decided.members or not refused or refusal.code is Code.ERROR or \
-                any(m.decision.node is None or not m.decision.status.refused for m in refused):
-            return refusal, "", None
-        for plugin in self.profile.post_filter:
-            status, blocked = plugin.post_filter_gang([(m.decision.state, m.pod, m.decision.node, m.decision.status)
-                                                       for m in refused], cluster)
-            if status.code is Code.SKIP:
-                continue
-            if status.code is Code.ERROR:
-                return status, "Error", None
-            if status.message:
-                refusal = dataclasses.replace(refusal, message=f"{refusal.message}; preemption: {status.message}")
-            return refusal, status.reason, refused[blocked] if blocked is not None else None
-        return refusal, "", None
+def _with_post_filter(refusal: Status, result: PostFilterResult | None) -> Status:
+    """The refusal, with what PostFilter said added (kube-scheduler's "...; preemption: ...")."""
+    if result is None or not result.status.message or result.status.code is Code.ERROR:
+        return refusal
+    return dataclasses.replace(refusal, message=f"{refusal.message}; {result.status.message}")
 
-    def _bind_cycle(self, pod, state: CycleState, node: NodeSnapshot, cluster: Cluster) -> Outcome:
-        reserved: list = []
 
-        def reserve(plugin) -> Status:
-            reserved.append(plugin)
-            return plugin.reserve(state, pod, node, cluster)
+def _same(pod: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """The same pod: by UID, or by name for pods not created yet (plan's)."""
+    return other is pod or _key(other) == _key(pod)
 
-        def permit(plugin) -> Status:
-            status = plugin.permit(state, pod, node)
-            # only gang members wait, and bind places them with schedule_gang: a pod never waits alone
-            return error(plugin.name, f"Permit asked to wait: {status.message}") \
-                if status.code is Code.WAIT else status
 
-        status, phase = SUCCESS, RESERVE
-        for phase, plugins, run in ((RESERVE, self.profile.reserve, reserve),
-                                    (PERMIT, self.profile.permit, permit),
-                                    (PRE_BIND, self.profile.pre_bind, lambda p: p.pre_bind(state, pod, node, cluster)),
-                                    (BIND, self.profile.bind, lambda p: p.bind(state, pod, node, cluster))):
-            status = _first_not_ok(plugins, run, stop_at_success=phase == BIND)
-            if not status.ok or phase == BIND:
-                break
-        if not (status.code is Code.SUCCESS and not status.reason):  # anything but bound by this attempt
-            if status.code is not Code.SUCCESS:  # AlreadyBound keeps its records: the pod holds them
-                for plugin in reversed(reserved):
-                    plugin.unreserve(state, pod, node, cluster)
-            cluster.forget(pod, node.name)
-        return Outcome(status, node.name, phase)
+def _key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def _first(pod: Mapping[str, Any], outcomes: Sequence[Outcome]) -> tuple[Outcome, ...]:
+    return tuple(sorted(outcomes, key=lambda o: o.pod is not pod))
 
 
 def _name(pod: Mapping[str, Any]) -> str:
-    meta = metadata(pod)
+    meta = pod.get("metadata") or {}
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _short(pod: Mapping[str, Any]) -> str:
-    """A member in its gang's messages: its name alone (the message names the namespace already)."""
-    return str(metadata(pod).get("name"))
+    """A member in its group's messages: its name alone (the message names the namespace already)."""
+    return str((pod.get("metadata") or {}).get("name"))
 
 
-def _outcome_of(member: MemberDecision, status: Status) -> Outcome:
-    node = member.decision.node
-    return Outcome(status, node.name if node else "", member.decision.phase)
-
-
-def _node_of(pod: Mapping[str, Any], decided: GangDecision) -> str:
-    for member in decided.members:
-        if member.pod is pod:
-            return member.decision.node.name if member.decision.node else ""
-    return ""
+def _outcome(member: MemberDecision, status: Status) -> Outcome:
+    return Outcome(member.pod, status, member.decision.node_name, member.decision.phase, member.decision)
 
 
 def _first_not_ok(plugins, run: Callable[[Any], Status], stop_at_success: bool = False) -> Status:

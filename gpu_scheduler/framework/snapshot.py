@@ -35,14 +35,3 @@ class NodeSnapshot:
     claims: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=_empty)  # DRA: the pod's own claim(s), as read
     dra: DraSupport = DraSupport.SERVED
     generation: int = 0  # bind's views: changes with every change of the node, its pods or records
-
-
-@dataclass(frozen=True)
-class GangSnapshot:
-    """A gang as one attempt sees it (plugins/gang.py): its workload's members that are pending,
-    in index order, and those bound already (they count toward the quorum)."""
-
-    name: str  # <namespace>/<controller name>, as users see it
-    size: int  # the members it needs
-    pending: tuple[Mapping[str, Any], ...] = ()
-    bound: tuple[str, ...] = ()  # namespace/name of each bound member

@@ -4,9 +4,10 @@ now: bound meanwhile (to this node: done; elsewhere), gone, re-created, or chang
 version decided from (then the shell places it again from the pod as it is)."""
 from __future__ import annotations
 
-from kubeapi.errors import APIError
-
 import dataclasses
+from typing import Any, Mapping, Protocol
+
+from kubeapi.errors import APIError
 
 from ..binding import ALREADY_BOUND, GONE, RETRY, Bind, binding_for, conflict_outcome, placement_inputs
 from ..framework.interface import SUCCESS, BindPlugin, Code, CycleState, Status, api_failure
@@ -15,6 +16,14 @@ from .mapentry import resolved
 
 NAME = "DefaultBinder"
 CHANGED = "the pod changed since the version it was placed from"
+POD_CHANGED = "PodChanged"  # the reason of that ERROR: the shell reads the pod and places it again, once
+
+
+class Binder(Protocol):
+    """What DefaultBinder writes and reads through the handle."""
+
+    def bind(self, namespace: str, name: str, body: Mapping[str, Any]) -> None: ...
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 # Bindings of one pod in one attempt: again at the pod's new version when only its status changed
 # since the decision (bind's own PodScheduled=False writes, which land after it decided).
 BIND_TRIES = 3
@@ -29,7 +38,7 @@ def bind_of(pod, state: CycleState) -> Bind:
 class DefaultBinder(BindPlugin):
     name = NAME
 
-    def bind(self, state: CycleState, pod, node, cluster) -> Status:
+    def bind(self, state: CycleState, pod, node, cluster: Binder) -> Status:
         bind = bind_of(pod, state)
         for _ in range(BIND_TRIES):
             try:
@@ -46,7 +55,7 @@ class DefaultBinder(BindPlugin):
                 return api_failure(NAME, "reading the pod after a conflict", failure)
             outcome = conflict_outcome(bind, current)
             if outcome == ALREADY_BOUND:
-                return Status(Code.SUCCESS, NAME, "", ALREADY_BOUND)
+                return Status(Code.SUCCESS, NAME, f"bound to {bind.node} already", already_bound=True)
             if outcome != RETRY:
                 break
             version = str(metadata(current).get("resourceVersion") or "")
@@ -54,4 +63,6 @@ class DefaultBinder(BindPlugin):
                 break
             # Only its status (or version) changed: what was decided holds; bind at the version now.
             bind = dataclasses.replace(bind, resource_version=version)
-        return Status(Code.ERROR, NAME, CHANGED if outcome == RETRY else "", outcome)
+        if outcome == RETRY:
+            return Status(Code.ERROR, NAME, CHANGED, POD_CHANGED)
+        return Status(Code.ERROR, NAME, "", outcome)

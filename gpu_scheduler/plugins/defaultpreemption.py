@@ -1,5 +1,6 @@
 """DefaultPreemption (PostFilter): a pod refused on its map node because what it needs is taken
-(GPUsHeld, DynamicResources, NodeResourcesFit, NodePorts) takes it back from pods of lower
+(an Unschedulable refusal: GPUsHeld, DynamicResources, NodeResourcesFit, NodePorts; never an
+UnschedulableAndUnresolvable one, such as a taint or a missing node) takes it back from pods of lower
 priority, as kube-scheduler's DefaultPreemption does (pkg/scheduler/framework/plugins/
 defaultpreemption and framework/preemption), on the one node its map names.
 
@@ -31,15 +32,17 @@ deleted) retry it once the victims are gone, and the nomination keeps the device
 from __future__ import annotations
 
 import time
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from kubeapi.errors import APIError
 
-from . import dra
+from .dynamicresources import allocator as dra
 from ..fit import NodeInfo, PodInfo, pod_priority, workload
 from ..framework.interface import (
-    SUCCESS, CycleState, FilterPlugin, PostFilterPlugin, Status, api_failure, error, unschedulable,
+    SUCCESS, Code, CycleState, FilterRunner, PodGroup, PostFilterPlugin, PostFilterResult, Refusal, Status,
+    api_failure, error, unschedulable,
 )
 from ..framework.snapshot import NodeSnapshot
 from ..placement import metadata, spec
@@ -47,8 +50,6 @@ from ..records import nominated_lease, nomination, without_nomination, workload_
 from .mapentry import resolved
 
 NAME = "DefaultPreemption"
-# The refusals that evicting pods can undo; any other (no such node, a taint, the map) cannot.
-PREEMPTABLE = frozenset({"GPUsHeld", "DynamicResources", "NodeResourcesFit", "NodePorts"})
 REASON = "PreemptionByScheduler"  # the victim's DisruptionTarget condition, as kube-scheduler writes it
 PREEMPTED = "Preempted"  # the victim's Event
 # How long a nomination keeps the devices for its pod beyond its victims' longest grace period (30 s
@@ -133,13 +134,9 @@ def node_without(node: NodeSnapshot, removed: Iterable[PodInfo]) -> NodeSnapshot
         claims=node.claims, dra=node.dra, generation=node.generation)
 
 
-def _fits(filters: Sequence[FilterPlugin], state: CycleState, pod: Mapping[str, Any], node: NodeSnapshot) -> Status:
-    trial = state.clone()
-    for plugin in filters:
-        status = plugin.filter(trial, pod, node)
-        if not status.ok:
-            return status
-    return SUCCESS
+def _fits(run_filters: FilterRunner, state: CycleState, pod: Mapping[str, Any], node: NodeSnapshot) -> Status:
+    """The framework's filter loop on a trial snapshot, on a copy of the attempt's state."""
+    return run_filters(state.clone(), pod, node)
 
 
 def _selects(selector: Any, labels: Mapping[str, str]) -> bool:
@@ -224,10 +221,10 @@ def _units(pod: Mapping[str, Any], node: NodeSnapshot, priority: int, members_of
 
 
 def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
-                   filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
+                   filters: FilterRunner, pdbs: Sequence[Mapping[str, Any]] = (),
                    members_of: MembersOf = lambda key: ()) -> Preemption | Waiting | NoPreemption:
     """Who must go so that `pod` fits on `node`, decided on the snapshot alone (no I/O)."""
-    if refusal.plugin not in PREEMPTABLE:
+    if not refusal.preemption_may_help:
         # quiet: no pod's removal changes such a refusal, and its message is best left as it is
         return NoPreemption(f"{refusal.plugin}'s refusal is not one that evicting pods can undo", quiet=True)
     if preemption_policy_never(pod):
@@ -283,24 +280,6 @@ def _release(written: Sequence[Mapping[str, Any]], cluster) -> None:
             pass
 
 
-def explained(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, state: CycleState,
-              filters: Sequence[FilterPlugin], pdbs: Sequence[Mapping[str, Any]] = (),
-              members_of: MembersOf = lambda key: ()) -> tuple[str, str]:
-    """explain's `Preemption:` line (who bind would preempt for the pod now, or why nobody), and
-    what bind's refusal adds to its message for it (the same words as post_filter's where nothing
-    is evicted; '' where bind adds nothing: a pod of priority 0 with nothing of lower priority in
-    its way)."""
-    chosen = select_victims(pod, node, refusal, state, filters, pdbs, members_of)
-    if isinstance(chosen, Preemption):
-        line = f"would preempt {chosen.describe()} on {node.name}"
-        return line, line
-    if isinstance(chosen, Waiting):
-        return chosen.message, chosen.message
-    if chosen.quiet:
-        return "", ""
-    return f"nobody can be preempted: {chosen.reason}", f"nobody preempted: {chosen.reason}"
-
-
 def preempted_message(pod: Mapping[str, Any], node: str) -> str:
     meta = metadata(pod)
     return f"Preempted by {meta.get('namespace')}/{meta.get('name')} (priority {pod_priority(pod)}) on node {node}"
@@ -316,43 +295,87 @@ class _Plan:
     chosen: Preemption
 
 
+class PreemptionListers(Protocol):
+    """What choosing victims reads through the handle."""
+
+    def pdbs(self, node: NodeSnapshot) -> Sequence[Mapping[str, Any]]:
+        """The PodDisruptionBudgets of the namespaces of the node's pods."""
+
+    def members_of(self, workload: tuple[str, ...]) -> Sequence[tuple[str, PodInfo]]:
+        """(node, PodInfo) of each bound pod of the workload (a gang's members)."""
+
+
+class Preemptor(PreemptionListers, Protocol):
+    """What preempting writes through the handle."""
+
+    def create_record(self, body: Mapping[str, Any]) -> Any: ...
+    def update_record(self, name: str, body: Mapping[str, Any]) -> Any: ...
+    def nominate(self, pod: Mapping[str, Any], node: str) -> None: ...
+    def evict(self, namespace: str, name: str, uid: str) -> None: ...
+    def mark_preempted(self, namespace: str, name: str, uid: str, reason: str, condition_message: str,
+                       event_message: str) -> None:
+        """After its eviction: the victim's DisruptionTarget condition, then its Preempted Event."""
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The victims of every refused member (plans), or what stands in the way (result)."""
+
+    plans: tuple[_Plan, ...] = ()
+    result: PostFilterResult | None = None
+
+
 class DefaultPreemption(PostFilterPlugin):
     name = NAME
 
-    def __init__(self, filters: Sequence[FilterPlugin]):
-        self.filters = tuple(filters)
+    def __init__(self, run_filters: FilterRunner):
+        self.run_filters = run_filters
 
-    def post_filter(self, state: CycleState, pod, node: NodeSnapshot, refusal: Status, cluster) -> Status:
-        chosen = select_victims(pod, node, refusal, state, self.filters, cluster.pdbs(node),
-                                cluster.members_of)
-        if isinstance(chosen, NoPreemption):
-            return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: {chosen.reason}", "None")
-        if isinstance(chosen, Waiting):
-            return unschedulable(NAME, chosen.message, "Waiting")
-        return self._preempt([_Plan(pod, node, state, chosen)], cluster)
-
-    def post_filter_gang(self, refused: Sequence[tuple[CycleState, Mapping[str, Any], NodeSnapshot, Status]],
-                         cluster) -> tuple[Status, int | None]:
-        """A gang's refused members (each with its decision's state, node and refusal): victims for
-        every one of them, each member's chosen on its node with the victims of the members before
-        it gone; if any member cannot be made placeable, nobody is evicted. With the status, the
-        index in `refused` of the member no preemption can help (the gang waits on its events)."""
+    def _choose(self, group: PodGroup, refused: Sequence[Refusal], cluster: PreemptionListers) -> _Choice:
+        """Victims for every refused member, each member's chosen on its node with the victims of
+        the members before it gone; if any member cannot be made placeable, nobody is evicted, and
+        the result names that member (the group waits on its events)."""
         plans: list[_Plan] = []
         chosen_on: dict[str, list[PodInfo]] = {}
-        for index, (state, pod, node, refusal) in enumerate(refused):
+        for index, refusal in enumerate(refused):
+            pod, node = refusal.pod, refusal.node
             trial = node_without(node, chosen_on.get(node.name, ()))
-            chosen = select_victims(pod, trial, refusal, state, self.filters, cluster.pdbs(node), cluster.members_of)
-            who = metadata(pod).get("name")
+            chosen = select_victims(pod, trial, refusal.status, refusal.state, self.run_filters, cluster.pdbs(node),
+                                    cluster.members_of)
+            who = "" if group.alone else f"member {metadata(pod).get('name')}: "
             if isinstance(chosen, NoPreemption):
-                return unschedulable(NAME, "" if chosen.quiet else f"nobody preempted: member {who}: {chosen.reason}",
-                                     "None"), index
+                said = "" if chosen.quiet else f"{who}{chosen.reason}"
+                return _Choice(result=PostFilterResult(
+                    unschedulable(NAME, f"preemption: nobody preempted: {said}" if said else "", "None"), "None", index,
+                    f"nobody can be preempted: {said}" if said else ""))
+            if isinstance(chosen, Waiting) and group.alone:
+                return _Choice(result=PostFilterResult(unschedulable(NAME, f"preemption: {chosen.message}", "Waiting"),
+                                                       "Waiting", None, chosen.message))
             if isinstance(chosen, Preemption):
-                plans.append(_Plan(pod, node, state, chosen))
+                plans.append(_Plan(pod, node, refusal.state, chosen))
                 chosen_on.setdefault(node.name, []).extend(v.info for v in chosen.victims if v.node == node.name)
         if not plans:
-            return unschedulable(NAME, "the gang's victims are terminating; it is placed once they are gone",
-                                 "Waiting"), None
-        return self._preempt(plans, cluster), None
+            message = "the gang's victims are terminating; it is placed once they are gone"
+            return _Choice(result=PostFilterResult(unschedulable(NAME, f"preemption: {message}", "Waiting"), "Waiting",
+                                                   None, message))
+        return _Choice(tuple(plans))
+
+    def select(self, group: PodGroup, refused: Sequence[Refusal], cluster: PreemptionListers) -> PostFilterResult:
+        """Who bind would preempt for the group now, or why nobody (explain's `Preemption:` line)."""
+        choice = self._choose(group, refused, cluster)
+        if choice.result is not None:
+            return choice.result
+        line = "; ".join(f"would preempt {p.chosen.describe()} on {p.node.name}" for p in choice.plans)
+        return PostFilterResult(unschedulable(NAME, f"preemption: {line}", "Preempted"), "Preempted", None, line)
+
+    def post_filter(self, group: PodGroup, refused: Sequence[Refusal], cluster: Preemptor) -> PostFilterResult:
+        choice = self._choose(group, refused, cluster)
+        if choice.result is not None:
+            return choice.result
+        status = self._preempt(choice.plans, cluster)
+        if status.code is Code.ERROR:
+            return PostFilterResult(status, "Error")
+        return PostFilterResult(dataclasses.replace(status, message=f"preemption: {status.message}"), status.reason)
 
     def _preempt(self, plans: Sequence[_Plan], cluster) -> Status:
         """The claims of every plan, then the nominations, then the evictions."""

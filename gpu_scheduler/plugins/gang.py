@@ -1,28 +1,35 @@
-"""Gang (PreFilter, Permit): a workload's replicas bound together, or none of them holding
+"""Gang (PodGroup, PreFilter, Permit): a workload's replicas bound together, or none of them holding
 anything (docs/gangs.md). The pod template opts in with `gpu-scheduler/gang`: "true" (every entry
 of the map) or N (that many replicas). The gang is the workload (fit.workload: one controller in
 one namespace), and its members are its non-terminal pods; bound members count toward the quorum,
 as in scheduler-plugins' coscheduling, so a member re-created while the rest are bound goes alone.
 
-PreFilter refuses a malformed value (only the pod can fix it). Permit is the quorum, asked of the
-gang as a whole at three points of bind's attempt (Framework.decide_gang and schedule_gang): enough
-members exist, enough are placeable on their own, enough are reserved. Nothing is reserved before
-the second says yes, so a gang that cannot complete holds no device while it waits; kube-scheduler
-instead holds a waiting pod's reservation in Permit, which is what the issue forbids."""
+This module is the one place that knows a pod's gang. PodGroup forms it from the workload's pods
+(the handle's WorkloadPods lister); the framework leaves out members PreEnqueue holds back (a gated
+member is not there yet). PreFilter refuses a malformed value (only the pod can fix it). Permit
+is the quorum, asked of the group by the framework's one cycle: enough members exist, enough are
+placeable on their own (nothing reserved yet), enough are reserved. Nothing is reserved before the
+second says yes, so a gang that cannot complete holds no device while it waits; kube-scheduler's
+coscheduling instead holds a waiting pod's reservation in Permit.
+
+"Enough members exist" is coscheduling's PreEnqueue; here it is the first answer of the Permit
+quorum, because bind tells each waiting member how many exist (a FailedScheduling Event, kept
+current), and PreEnqueue refusals are silent by kube-scheduler's rule (a gated pod gets no Event)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from ..framework.interface import SKIP, SUCCESS, Code, CycleState, PermitPlugin, PreFilterPlugin, Status, \
-    unresolvable, unschedulable
-from ..framework.snapshot import GangSnapshot
-from ..fit import workload
+from ..framework.interface import (
+    ANY_NODE_RESULT, SKIP, SUCCESS, Code, CycleState, PermitPlugin, PermitStage, PodGroup, PodGroupPlugin,
+    PreFilterPlugin, PreFilterResult, Status, unresolvable, unschedulable,
+)
+from ..fit import GANG_ANNOTATION, workload
 from ..placement import map_text, metadata
 from ..podindex import IndexUnknown, pod_index
 from ..schedmap import MapError, parse_map, shown
 
 NAME = "Gang"
-from ..fit import GANG_ANNOTATION  # noqa: F401 (defined in fit, which PodInfo reads it in)
 SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
 MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
 
@@ -69,17 +76,22 @@ def _index(pod: Mapping[str, Any]) -> tuple[int, str]:
         return 1 << 62, str(metadata(pod).get("name") or "")
 
 
-def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound: Iterable[str]) -> GangSnapshot | None:
+def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound: Iterable[str]) -> PodGroup | None:
     """The gang `pod` belongs to, from its workload's pending pods that ask for a gang and its
     bound pods' names (`pod` itself among the pending ones or not); None when it is no gang's
     member. GangError as gang_size."""
     size = gang_size(pod)
     if size is None:
         return None
-    uid = metadata(pod).get("uid")
-    members = {str(metadata(p).get("uid")): p for p in pending if gang_size_or_none(p) is not None}
-    members[str(uid)] = pod
-    return GangSnapshot(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)))
+    members = {_key(p): p for p in pending if gang_size_or_none(p) is not None}
+    members[_key(pod)] = pod
+    return PodGroup(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)), NAME)
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    """A member's identity: its UID, or its name for a pod not created yet (plan's)."""
+    meta = metadata(pod)
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def gang_size_or_none(pod: Mapping[str, Any]) -> int | None:
@@ -89,51 +101,87 @@ def gang_size_or_none(pod: Mapping[str, Any]) -> int | None:
         return None
 
 
-def members_exist(gang: GangSnapshot) -> Status:
+def members_exist(gang: PodGroup) -> Status:
     """The first quorum: enough members exist at all (bound or pending)."""
     have = len(gang.pending) + len(gang.bound)
-    if have >= gang.size:
+    if have >= gang.min_count:
         return SUCCESS
-    return unschedulable(NAME, f"gang {gang.name}: {have} of {gang.size} members exist; bind places none until"
-                               f" {gang.size} do (a StatefulSet creates them together only with podManagementPolicy:"
+    return unschedulable(NAME, f"gang {gang.name}: {have} of {gang.min_count} members exist; bind places none until"
+                               f" {gang.min_count} do (a StatefulSet creates them together only with podManagementPolicy:"
                                " Parallel)", MEMBERS_MISSING)
 
 
-def members_placeable(gang: GangSnapshot, placeable: int, refused_member: str, refusal: Status) -> Status:
+def members_placeable(gang: PodGroup, placeable: int, refused_member: str, refusal: Status) -> Status:
     """The second quorum: enough members pass the filters on their own nodes, nothing reserved
     yet. `refused_member` and `refusal`: the first member refused, the one the gang waits on."""
     have = placeable + len(gang.bound)
-    if have >= gang.size:
+    if have >= gang.min_count:
         return SUCCESS
     bound = f" ({len(gang.bound)} bound)" if gang.bound else ""
     return Status(refusal.code if refusal.refused else Code.UNSCHEDULABLE, NAME,
-                  f"gang {gang.name}: {have} of {gang.size} members placeable{bound}; member {refused_member}:"
+                  f"gang {gang.name}: {have} of {gang.min_count} members placeable{bound}; member {refused_member}:"
                   f" {refusal.message}", MEMBERS_REFUSED)
 
 
-def members_reserved(gang: GangSnapshot, reserved: int, lost_member: str = "", refusal: Status | None = None) -> Status:
+def members_reserved(gang: PodGroup, reserved: int, lost_member: str = "", refusal: Status | None = None) -> Status:
     """The third quorum: enough members reserved (their devices recorded, their claims allocated)."""
-    if reserved + len(gang.bound) >= gang.size:
+    if reserved + len(gang.bound) >= gang.min_count:
         return SUCCESS
     why = f"; member {lost_member}: {refusal.message}" if refusal is not None else ""
-    return unschedulable(NAME, f"gang {gang.name}: {reserved + len(gang.bound)} of {gang.size} members reserved,"
+    return unschedulable(NAME, f"gang {gang.name}: {reserved + len(gang.bound)} of {gang.min_count} members reserved,"
                                f" the rest released{why}", RESERVATION_LOST)
 
 
-class Gang(PreFilterPlugin, PermitPlugin):
+@dataclass(frozen=True)
+class WorkloadMembers:
+    """A workload's pods as a lister sees them: its pending pods of ours, and its bound ones' names."""
+
+    pending: Sequence[Mapping[str, Any]]
+    bound: Sequence[str]
+
+
+class WorkloadPods(Protocol):
+    """What Gang reads of the handle: the pods of one workload (fit.workload's key)."""
+
+    def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers: ...
+
+
+class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
     name = NAME
     # A gang waits on its members: their own refusals are retried on their plugins' events, and a
     # new member is a new pod (always tried). Nothing else can undo a gang's refusal.
 
-    def pre_filter(self, state: CycleState, pod) -> Status:
+    def pod_group(self, pod: Mapping[str, Any], cluster: WorkloadPods) -> PodGroup | None:
+        """The pod's gang; None when it asks for none (a malformed ask too: PreFilter refuses it)."""
+        if gang_size_or_none(pod) is None:
+            return None
+        members = cluster.workload_pods(workload(pod))
+        return gang_of(pod, [p for p in members.pending if gang_size_or_none(p) is not None], members.bound)
+
+    def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
         try:
             state.write(SIZE, gang_size(pod))
         except GangError as why:
-            return unresolvable(NAME, str(why), "InvalidGang")
-        return SUCCESS
+            return PreFilterResult(unresolvable(NAME, str(why), "InvalidGang"))
+        return ANY_NODE_RESULT
 
     def permit(self, state: CycleState, pod, node) -> Status:
-        """Alone, a gang member waits for its gang (bind attempts it with the gang instead)."""
+        """A member goes with its gang: the quorum (permit_group) decides for all of them."""
         if state.read(SIZE) is None:
             return SKIP
         return Status(Code.WAIT, NAME, "a gang member is placed with its gang")
+
+    def permit_group(self, group: PodGroup, stage: PermitStage, ready: int, waits_on: str = "",
+                     refusal: Status | None = None) -> Status:
+        if group.plugin != NAME:
+            return SKIP
+        if stage is PermitStage.RESERVED:
+            return members_reserved(group, ready, waits_on, refusal)
+        exist = members_exist(group)
+        if not exist.ok:
+            return exist
+        if refusal is None:
+            return SUCCESS if ready + len(group.bound) >= group.min_count else unschedulable(
+                NAME, f"gang {group.name}: {ready + len(group.bound)} of {group.min_count} members placeable",
+                MEMBERS_REFUSED)
+        return members_placeable(group, ready, waits_on, refusal)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..framework.events import NODE_UPDATE, POD_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..placement import metadata
 from ..quota import PRODUCT_LABEL, counted, quota_requests
 from .mapentry import resolved
@@ -52,4 +52,4 @@ class GPUQuota(FilterPlugin):
         if not self.enabled or not metadata(pod).get("uid"):
             return SUCCESS
         problem = uncounted(pod, len(resolved(state).placement.devices), node.node)
-        return unschedulable(NAME, problem, NOT_COUNTED) if problem else SUCCESS
+        return unresolvable(NAME, problem, NOT_COUNTED) if problem else SUCCESS

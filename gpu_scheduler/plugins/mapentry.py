@@ -1,12 +1,12 @@
 """MapEntry (PreFilter): the pod's entry in its gpu-scheduling-map, which names its one node and
-its devices; or why it has none. Every refusal here is the pod's own (its map, its name), so only
+its devices; or why it has none. Its result names that node, the only one the pod may go to. Every refusal here is the pod's own (its map, its name), so only
 a change of the pod can undo it: it registers no cluster event."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from .. import SCHEDULER_NAME
-from ..framework.interface import SUCCESS, CycleState, PreFilterPlugin, Status, unresolvable
+from ..framework.interface import DEVICES, CycleState, PreFilterPlugin, PreFilterResult, unresolvable
 from ..placement import NotPlaceable, Resolved, map_text, resolve
 
 NAME = "MapEntry"
@@ -29,9 +29,13 @@ def resolved(state: CycleState) -> Resolved:
 class MapEntry(PreFilterPlugin):
     name = NAME
 
-    def pre_filter(self, state: CycleState, pod: Mapping[str, Any]) -> Status:
+    def pre_filter(self, state: CycleState, pod: Mapping[str, Any]) -> PreFilterResult:
+        """The entry's one node is the pod's only candidate (the result names it); its devices are
+        what the cache counts once the pod is assumed."""
         try:
-            state.write(RESOLVED, entry(pod))
+            found = entry(pod)
         except NotPlaceable as why:
-            return unresolvable(NAME, why.message, why.reason)
-        return SUCCESS
+            return PreFilterResult(unresolvable(NAME, why.message, why.reason))
+        state.write(RESOLVED, found)
+        state.write(DEVICES, found.placement.devices)
+        return PreFilterResult(node_names=frozenset({found.placement.node}))

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..framework.events import NODE_ADD, NODE_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..shapes import as_map as _map
 from ..shapes import as_maps as _list
 from ..placement import metadata, spec
@@ -98,4 +98,4 @@ class NodeAffinity(FilterPlugin):
 
     def filter(self, state, pod, node):
         problem = node_affinity(pod, node.name, node_labels(node.node))
-        return unschedulable(NAME, problem) if problem else SUCCESS
+        return unresolvable(NAME, problem) if problem else SUCCESS

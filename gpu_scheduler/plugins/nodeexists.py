@@ -3,7 +3,7 @@ kube-scheduler's "0/N nodes are available" becomes the one node's absence."""
 from __future__ import annotations
 
 from ..framework.events import NODE_ADD
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 
 NAME = "NodeExists"
 
@@ -13,4 +13,4 @@ class NodeExists(FilterPlugin):
     events = frozenset({NODE_ADD})
 
     def filter(self, state, pod, node):
-        return SUCCESS if node.node is not None else unschedulable(NAME, f"node {node.name} does not exist")
+        return SUCCESS if node.node is not None else unresolvable(NAME, f"node {node.name} does not exist")

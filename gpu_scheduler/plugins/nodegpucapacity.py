@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..framework.events import NODE_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..nodecheck import GPU_RESOURCE, gpu_capacity
 from .mapentry import resolved
 
@@ -21,6 +21,6 @@ class NodeGPUCapacity(FilterPlugin):
         beyond = [i for i in resolved(state).placement.device_indexes() if i >= capacity]
         if beyond:
             listed = ", ".join(map(str, beyond))
-            return unschedulable(NAME, f"device {listed} is beyond node {node.name}'s {capacity} {GPU_RESOURCE}"
+            return unresolvable(NAME, f"device {listed} is beyond node {node.name}'s {capacity} {GPU_RESOURCE}"
                                        f" (indexes 0..{capacity - 1})")
         return SUCCESS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..framework.events import NODE_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..shapes import as_map as _map, as_maps as _maps
 
 NAME = "NodeReady"
@@ -25,5 +25,5 @@ class NodeReady(FilterPlugin):
     def filter(self, state, pod, node):
         ready, detail = _ready(node.node)
         if not ready:
-            return unschedulable(NAME, f"node {node.name} is not Ready" + (f": {detail}" if detail else ""))
+            return unresolvable(NAME, f"node {node.name} is not Ready" + (f": {detail}" if detail else ""))
         return SUCCESS

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..fit import CPU, EPHEMERAL, MEMORY, PODS, NodeInfo, _units, parse_quantity, pod_requests, show
+from ..fit import CPU, EPHEMERAL, MEMORY, PODS, NodeInfo, scheduler_units, parse_quantity, pod_requests, show
 from ..framework.events import NODE_UPDATE, POD_LEAVES
 from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
 from ..shapes import as_map as _map
@@ -22,11 +22,11 @@ def node_resources_fit(pod: Mapping[str, Any], node: Mapping[str, Any], info: No
     problems = []
     allowed_pods = parse_quantity(allocatable.get(PODS))
     if allowed_pods is not None and len(info.pods) + 1 > allowed_pods:
-        problems.append(f"{TOO_MANY_PODS} ({len(info.pods)} of {_units(PODS, allowed_pods)} on the node)")
+        problems.append(f"{TOO_MANY_PODS} ({len(info.pods)} of {scheduler_units(PODS, allowed_pods)} on the node)")
     wanted = {name: units for name, units in pod_requests(pod).items() if units > 0 and name != PODS}
     for name in sorted(wanted, key=lambda n: (n not in (CPU, MEMORY, EPHEMERAL), n)):
         have = parse_quantity(allocatable.get(name))
-        capacity = _units(name, have) if have is not None else 0
+        capacity = scheduler_units(name, have) if have is not None else 0
         in_use = info.requested.get(name, 0)
         if wanted[name] > capacity - in_use:
             problems.append(f"Insufficient {name} (the pod requests {show(name, wanted[name])}; "

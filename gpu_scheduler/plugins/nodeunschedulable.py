@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..framework.events import NODE_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..shapes import as_map as _map
 
 NAME = "NodeUnschedulable"
@@ -15,5 +15,5 @@ class NodeUnschedulable(FilterPlugin):
 
     def filter(self, state, pod, node):
         if _map(node.node.get("spec")).get("unschedulable") is True:
-            return unschedulable(NAME, f"node {node.name} is cordoned (spec.unschedulable)")
+            return unresolvable(NAME, f"node {node.name} is cordoned (spec.unschedulable)")
         return SUCCESS

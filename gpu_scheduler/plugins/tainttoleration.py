@@ -4,7 +4,7 @@ scored)."""
 from __future__ import annotations
 
 from ..framework.events import NODE_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unschedulable
+from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
 from ..nodecheck import BLOCKING_EFFECTS, tolerates
 from ..shapes import as_map as _map, as_maps as _maps
 from ..placement import spec
@@ -21,6 +21,6 @@ class TaintToleration(FilterPlugin):
         for taint in _maps(_map(node.node.get("spec")).get("taints")):
             if taint.get("effect") in BLOCKING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
                 shown = f"{taint.get('key')}={taint.get('value')}" if taint.get("value") else taint.get("key")
-                return unschedulable(NAME, f"node {node.name} has taint {{{shown}: {taint.get('effect')}}} that the pod"
+                return unresolvable(NAME, f"node {node.name} has taint {{{shown}: {taint.get('effect')}}} that the pod"
                                            " does not tolerate")
         return SUCCESS

@@ -1,11 +1,11 @@
-"""The settings the plugins read, read once by each shell: bind from its environment, the kubectl
+"""The settings the plugins read (their args in the profile, registry.plugin_args), read once by each shell: bind from its environment, the kubectl
 plugin from its flags (which default to the same variables)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..plugins import dra
+from .dynamicresources import allocator as dra
 
 DEFAULT_NAMESPACE = "gpu-scheduler"
 

@@ -4,26 +4,27 @@ makes it so, as kube-scheduler's dynamicresources plugin does: the claim created
 pod), kube-scheduler's finalizer added, then allocation and reservation in one status update, each
 write at the version read and, after a 409, decided again from the claim as it is then.
 
-The matching of map devices to published devices, and the claim's bodies, are gpu_scheduler/plugins/dra.py
+The matching of map devices to published devices, and the claim's bodies, are gpu_scheduler/plugins/dynamicresources/allocator.py
 (the allocator, as k8s.io/dynamic-resource-allocation/structured is kube-scheduler's). Reserve
 takes nothing here: the device records (GPUsHeld) are the lock, written before the claim."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from kubeapi.errors import APIError
 
-from . import dra
-from ..devices import DRA, MODE_ANNOTATION
-from ..framework.config import SchedulerConfig
-from ..framework.events import CLAIM_DELETE, CLAIM_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE
-from ..framework.interface import (
-    SUCCESS, CycleState, FilterPlugin, PreBindPlugin, PreFilterPlugin, ReservePlugin, Status, api_failure, error,
+from . import allocator as dra
+from ...devices import DRA, MODE_ANNOTATION
+from ..config import SchedulerConfig
+from ...framework.events import CLAIM_DELETE, CLAIM_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE
+from ...framework.interface import (
+    ANY_NODE_RESULT, SUCCESS, PreFilterResult, CycleState, FilterPlugin, PreBindPlugin, PreFilterPlugin, ReservePlugin, Status, api_failure, error,
     unresolvable, unschedulable,
 )
-from ..framework.snapshot import DraSupport
-from ..placement import metadata
-from .mapentry import resolved
+from ...framework.snapshot import DraSupport
+from ...placement import metadata
+from ..mapentry import resolved
 
 NAME = "DynamicResources"
 WANTED = "DynamicResources/wanted"  # CycleState: the dra.Wanted filter decided, None for a pod not in DRA mode
@@ -50,20 +51,20 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
     def __init__(self, config: SchedulerConfig):
         self.config = config
 
-    def pre_filter(self, state: CycleState, pod) -> Status:
+    def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
         """What the pod alone says: whether it is in DRA mode, and names the claim bind makes."""
         state.write(WANTED, None)
         if not dra.uses_dra(pod):
             if _annotated_dra(pod):
-                return unresolvable(NAME, f"the pod asks for device env mode dra but has no spec.resourceClaims entry"
+                return PreFilterResult(unresolvable(NAME, f"the pod asks for device env mode dra but has no spec.resourceClaims entry"
                                           f" {dra.POD_CLAIM!r}: it was admitted without gpu-scheduler's webhook;"
-                                          " create it again")
-            return SUCCESS
+                                          " create it again"))
+            return ANY_NODE_RESULT
         name = claim_key(pod)[1]
         if dra.claim_refs(pod) != [name]:
-            return unresolvable(NAME, f"spec.resourceClaims entry {dra.POD_CLAIM!r} must name ResourceClaim {name!r},"
-                                      " the claim bind makes for the pod")
-        return SUCCESS
+            return PreFilterResult(unresolvable(NAME, f"spec.resourceClaims entry {dra.POD_CLAIM!r} must name ResourceClaim {name!r},"
+                                      " the claim bind makes for the pod"))
+        return ANY_NODE_RESULT
 
     def filter(self, state: CycleState, pod, node) -> Status:
         if not dra.uses_dra(pod):
@@ -87,6 +88,16 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
             return unschedulable(NAME, step.message)
         state.write(WANTED, wanted)
         return SUCCESS
+
+    def assume(self, state: CycleState, pod, node):
+        """The devices the pod's claim would hold, held on the snapshot (as allocated)."""
+        wanted = state.read(WANTED)
+        if wanted is None:
+            return node
+        held = dict(node.held)
+        for _, device in wanted.requests:
+            held[device] = f"{wanted.namespace}/{wanted.claim}"
+        return dataclasses.replace(node, held=held)
 
     def reserve(self, state: CycleState, pod, node, cluster) -> Status:
         """Nothing to hold here: the device records (GPUsHeld) are the lock; PreBind writes the claim."""

@@ -2,7 +2,7 @@
 exactly its map entry's devices on its node, which bind allocates and reserves for the pod before
 binding it. The kubelet then hands exactly those devices to the container (CDI), and every other
 scheduler sees them as allocated. Pure: ResourceSlices, ResourceClaims and pods in, claim bodies
-and decisions out, for the DynamicResources plugin (dynamicresources.py); the API calls are
+and decisions out, for the DynamicResources plugin (plugin.py beside this file); the API calls are
 functions/bind's.
 
 From a map index to a device: a rule per driver (or per DeviceClass), one of
@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ..shapes import as_map as _map, as_maps as _maps
-from ..placement import metadata, spec
-from ..schedmap import Placement, is_dns_subdomain, shown
+from ...shapes import as_map as _map, as_maps as _maps
+from ...placement import metadata, spec
+from ...schedmap import Placement, is_dns_subdomain, shown
 
 API_VERSION = "resource.k8s.io/v1"
 # The pod's entry in spec.resourceClaims and in each container's resources.claims.
