@@ -269,7 +269,7 @@ class GangMember:
 @dataclass(frozen=True)
 class Gang:
     """A gang as plan and explain show it; `verdict`: what bind decides for the gang as a whole
-    (Framework.decide_gang), None when nothing was decided (plan without --cluster)."""
+    (Framework.evaluate), None when nothing was decided (plan without --cluster)."""
 
     name: str
     size: int

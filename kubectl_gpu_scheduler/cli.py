@@ -401,8 +401,8 @@ def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tupl
             for obj in core.objects_in(document.content):
                 if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *core.UNINDEXED_KINDS):
                     continue
-                work = core.workload(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod") else \
-                    core.workload(_with_map(obj), namespace)
+                work = (core.workload(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod")
+                        else core.workload(_with_map(obj), namespace))
                 if work is None:
                     continue
                 if explicit and work.namespace != namespace:

@@ -14,7 +14,7 @@
 - a malformed annotation refused by mutate at creation.
 
 The test hook GPU_SCHEDULER_TEST_EXIT_AFTER_BINDINGS=<n> (bind's environment, never set outside
-these tests; functions/bind/placer.py's _ExitAfterBindings): the process exits at once
+these tests; functions/bind/testhooks.py's exit_after_bindings): the process exits at once
 (os._exit(17), as with GPU_SCHEDULER_TEST_EXIT_AFTER_RECORD) right after its n-th Binding, a gang's
 Bindings being made one at a time while it is set: every record of the gang written, n members
 bound, the rest not. Under gunicorn only the worker exits; the test kills the instance as soon as

@@ -192,8 +192,8 @@ def gated_pod(stack, namespace: str, kind: str, node: str, devices: str, gates: 
     else:
         stack.apply(gated(statefulset(namespace, f"0={node}:{devices}\n", replicas=1, name="held"), gates))
     pod = created(stack, namespace, name)
-    assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == list(gates), \
-        f"the pod was admitted without its gates: {pod['spec'].get('schedulingGates')}"
+    assert [g["name"] for g in pod["spec"].get("schedulingGates") or []] == list(gates), (
+        f"the pod was admitted without its gates: {pod['spec'].get('schedulingGates')}")
     try:
         stack.wait_for(lambda: is_gated(live(stack, namespace, name)), 20, f"{name} PodScheduled=False SchedulingGated")
     except TimeoutError as timeout:
@@ -287,8 +287,8 @@ def test_a_gated_gang_member_counts_as_missing_until_its_gate_is_removed(stack, 
         pods = stack.wait_for(both_bound, 30, "pair-0 and pair-1 bound", interval=0.1)
     except TimeoutError as timeout:
         raise AssertionError(f"{timeout}\n" + describe(stack, namespace, "pair-0", "pair-1")) from None
-    assert {n: (p["spec"]["nodeName"], p["metadata"]["annotations"][DEVICES_ANNOTATION]) for n, p in pods.items()} == \
-        {"pair-0": (node, "0"), "pair-1": (node, "1")}
+    placed = {n: (p["spec"]["nodeName"], p["metadata"]["annotations"][DEVICES_ANNOTATION]) for n, p in pods.items()}
+    assert placed == {"pair-0": (node, "0"), "pair-1": (node, "1")}
 
 
 # -- 4. explain: waiting for its scheduling gates ----------------------------------------------------

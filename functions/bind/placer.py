@@ -336,7 +336,7 @@ class Placer:
         return attempt
 
     def _handle(self, pod: Mapping[str, Any]) -> AttemptHandle:
-        return self._handle_type(self.api, self.views, self.namespace, (pod,), self._binding_pool,
+        return self._handle_type(self.api, self.views, self.namespace, (pod,), pool=self._binding_pool,
                                  recorder=self.recorder, group_locks=self._group_locks)
 
     def _settle(self, ref: PodRef, cycle: CycleOutcome, outcome: Outcome, started: float, attempted: bool,

@@ -272,8 +272,8 @@ class Views:
             return frozenset({uid})
         if uid in self._pending or uid in self._node_of:
             return frozenset()
-        return frozenset({uid}) if _newer(self.informers[0].version, record.resource_version, or_equal=True) \
-            else frozenset()
+        seen_since = _newer(self.informers[0].version, record.resource_version, or_equal=True)
+        return frozenset({uid}) if seen_since else frozenset()
 
     def _dra_support(self) -> DraSupport:
         if not self.dra:
@@ -542,8 +542,8 @@ class Views:
         self._node_of[uid] = node
         self._assigned_of.setdefault(info.workload, {})[uid] = info.name
         # A pod added is one more; a changed one means summing again (rare: resizes).
-        self._listed[node] = self._listed.get(node, NodeInfo()).plus(info) if before is None \
-            else NodeInfo.of(pods.values())
+        self._listed[node] = (self._listed.get(node, NodeInfo()).plus(info) if before is None
+                              else NodeInfo.of(pods.values()))
         self._assumed.get(node, {}).pop(uid, None)  # shown: no longer assumed
         self._changed(node)
 

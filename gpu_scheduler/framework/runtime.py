@@ -223,7 +223,7 @@ class Framework:
         if not every_member and not group.alone:
             could = self._permit_group(group, PermitStage.FILTERED, len(group.pending), None)
             if could is not None and not could.ok:
-                return _Quorum(could, PERMIT, group, (), ())
+                return _Quorum(could, FILTER, group, (), ())
         members = tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in group.pending)
         failed = next((m for m in members if m.decision.status.code is Code.ERROR), None)
         if failed is not None:
@@ -234,8 +234,8 @@ class Framework:
         status = self._permit_group(group, PermitStage.FILTERED, placeable, first)
         if status is None:  # no plugin decides for the group: every member must be placeable (a pod alone)
             status = first.decision.status if first else SUCCESS
-        phase = (first.decision.phase if first and status is first.decision.status else PERMIT) if not status.ok \
-            else FILTER
+        # a member's own refusal keeps its phase; the group's quorum is asked after Filter
+        phase = first.decision.phase if first and status is first.decision.status else FILTER
         return _Quorum(status, phase, group, members, refused)
 
     def _permit_group(self, group: PodGroup, stage: PermitStage, ready: int, first: MemberDecision | None,

@@ -208,8 +208,8 @@ def _units(pod: Mapping[str, Any], node: NodeSnapshot, priority: int, members_of
         if info.workload in seen_gangs:
             continue
         seen_gangs.add(info.workload)
-        members = [(where, member) for where, member in members_of(info.workload) if not member.terminating] \
-            or [(node.name, info)]
+        members = ([(where, member) for where, member in members_of(info.workload) if not member.terminating]
+                   or [(node.name, info)])
         here = tuple(m for where, m in members if where == node.name)
         elsewhere = tuple(Victim(m, where) for where, m in members if where != node.name)
         unit = _Unit(here or (info,), elsewhere)
@@ -265,8 +265,8 @@ def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, 
     blocked = [u for u in victims if u.name in violating]
     if blocked:
         return NoPreemption(f"evicting {blocked[0].name} would violate its {violating[blocked[0].name]}")
-    chosen = tuple(Victim(p, node.name) for unit in victims for p in unit.here) + \
-        tuple(v for unit in victims for v in unit.elsewhere)
+    chosen = (tuple(Victim(p, node.name) for unit in victims for p in unit.here)
+              + tuple(v for unit in victims for v in unit.elsewhere))
     return Preemption(chosen)
 
 

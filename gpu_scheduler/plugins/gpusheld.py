@@ -15,23 +15,36 @@ import time
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from ..fit import SHARE_ANNOTATION, PodInfo, shares_gpus, workload
 from ..framework.events import POD_LEAVES, RECORD_FREED, RECORD_UPDATE
 from kubeapi.errors import APIError
 
-from ..framework.interface import SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, \
-    unschedulable
+from ..framework.interface import (
+    SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, unschedulable,
+)
 from ..fit import pod_priority
-from ..records import GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, in_grace, lease_for, live_holder, \
-    nomination, workload_key
+from ..records import (
+    GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, in_grace, lease_for, live_holder, nomination, workload_key,
+)
 from .mapentry import resolved
 
 NAME = "GPUsHeld"
 STEPS = "GPUsHeld/steps"  # CycleState: [(device, step)] decided by filter
 CREATED = "GPUsHeld/created"  # CycleState: [(record name, version)] this attempt created
 WRITE_TRIES = 3  # writes of one record in one attempt (409s from other writers)
+
+
+class RecordStore(Protocol):
+    """What GPUsHeld reads and writes through the handle: bind's device records (Leases), and the
+    node as it is now (after another writer was first)."""
+
+    def read_record(self, node: str, device: str) -> Record | None: ...
+    def create_record(self, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def update_record(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def delete_record(self, name: str, resource_version: str) -> None: ...
+    def snapshot(self, node: str) -> Any: ...
 
 
 # -- the decision for one device -----------------------------------------------------------------
@@ -94,8 +107,8 @@ def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: It
         return Held(f"GPU {record.device} on {record.node} is held by {holder.name} ({record.holders[0]}; "
                     f'both workloads may set {SHARE_ANNOTATION}: "true" to share)')
     if in_grace(record, now, gone):
-        who = f"{record.last_pod} ({record.holders[0]})" if record.last_pod and record.holders else \
-            (record.holders[0] if record.holders else "another workload")
+        who = (f"{record.last_pod} ({record.holders[0]})" if record.last_pod and record.holders
+               else record.holders[0] if record.holders else "another workload")
         return Held(f"GPU {record.device} on {record.node} was given to {who} at {_clock(record.written)};"
                     f" it is free again {GRACE_SECONDS} s after that ({_clock(record.written + GRACE_SECONDS)})"
                     " unless that pod is bound")
@@ -136,7 +149,7 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
         state.write(STEPS, steps)
         return SUCCESS
 
-    def reserve(self, state: CycleState, pod, node, cluster) -> Status:
+    def reserve(self, state: CycleState, pod, node, cluster: RecordStore) -> Status:
         """Record each device given, before the Binding: a create, or an update at the version
         decided from. When another writer was first (409), read the record and decide again."""
         meta = pod.get("metadata") or {}
@@ -176,7 +189,7 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
                                    " writing it")
         return SUCCESS
 
-    def unreserve(self, state: CycleState, pod, node, cluster) -> None:
+    def unreserve(self, state: CycleState, pod, node, cluster: RecordStore) -> None:
         """The records this attempt created, deleted as written (a record written since by
         anyone is left alone). Updated ones are left: they free themselves after their grace."""
         for name, version in state.read(CREATED, []):

@@ -10,7 +10,7 @@ takes nothing here: the device records (GPUsHeld) are the lock, written before t
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from kubeapi.errors import APIError
 
@@ -42,6 +42,15 @@ def claim_key(pod: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of the claim bind makes for the pod."""
     meta = metadata(pod)
     return str(meta.get("namespace") or ""), dra.claim_name(str(meta.get("name") or ""))
+
+
+class ClaimStore(Protocol):
+    """What DynamicResources reads and writes through the handle: the pod's ResourceClaim."""
+
+    def read_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+    def create_claim(self, namespace: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def update_claim(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
+    def update_claim_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
 
 
 class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlugin):
@@ -103,7 +112,7 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
         """Nothing to hold here: the device records (GPUsHeld) are the lock; PreBind writes the claim."""
         return SUCCESS
 
-    def unreserve(self, state: CycleState, pod, node, cluster) -> None:
+    def unreserve(self, state: CycleState, pod, node, cluster: ClaimStore) -> None:
         """A later phase failed (a gang member's PreBind or Binding): the allocation this attempt's
         PreBind wrote is taken back, at the version it wrote, so that a pod not bound holds no
         device (kube-scheduler's Unreserve deallocates likewise). A claim written since is left."""
@@ -117,7 +126,7 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
         except APIError:
             pass  # written since, or the API is down: the pod's next attempt finds it reserved for itself
 
-    def pre_bind(self, state: CycleState, pod, node, cluster) -> Status:
+    def pre_bind(self, state: CycleState, pod, node, cluster: ClaimStore) -> Status:
         """Make the pod's ResourceClaim hold what filter decided, allocated and reserved for it."""
         wanted: dra.Wanted | None = state.read(WANTED)
         if wanted is None:
