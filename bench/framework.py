@@ -12,6 +12,13 @@ swapped every repetition; medians.
 
     python -m bench.quick --only framework [--pods 300 --reps 4] [--before REV]
     BENCH_BEFORE=REV make bench            # another revision as "before"
+
+The same for a gang (gang_cost): a StatefulSet of N replicas annotated `gpu-scheduler/gang: "true"`,
+created as bench.gang.one_run creates it, placed by one bind at a time from this tree or from the
+revision; create-to-bound (first pod seen created to last seen bound) and bind's CPU per placed
+pod. Issue 36's "unchanged, gangs included" is both figures against BEFORE_ISSUE_36:
+
+    python -m bench.quick --only framework36 [--pods 300 --replicas 100 --reps 4]
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import profile, run as bench_run, scale  # modules: bench.run imports this one
+from bench import gang, profile, run as bench_run, scale  # modules: bench.run and bench.gang import this one
 from localcp.cluster import REPO, free_port
 from localcp.stack import BIND_ACCOUNT, LocalStack
 
@@ -32,6 +39,10 @@ BEFORE = os.environ.get("BENCH_BEFORE") or "116f88f"
 # main's HEAD before preemption (a PostFilter phase that runs on refusals only): bind now against it
 # shows what placing pods that need no preemption costs now.
 BEFORE_PREEMPTION = "d61a96d"
+# main before the framework was finished (issue 36: a registry and profiles as data, one cycle for a
+# pod and a gang, PreEnqueue, serving/): its "done when" is bind's create-to-bound and CPU per
+# placement unchanged against it, for pods and for gangs.
+BEFORE_ISSUE_36 = "afc0447"
 WHICH = ("now", "before")
 
 
@@ -127,14 +138,14 @@ def one_run(stack: LocalStack, binds: OneBind, tree: Path, n: int, baseline: int
     return figures
 
 
-def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -> dict:
-    """Create-to-bound (pods/s) and bind's CPU per placement, bind from this tree and bind at
-    `before`, each run on its own n pods, alternated (order swapped every repetition); medians.
-    The stack's bind is stopped meanwhile and started again at the end."""
-    with tempfile.TemporaryDirectory(prefix="bind-before-framework-") as into:
+def side_by_side(stack: LocalStack, before: str, reps: int, one) -> dict[str, list[dict]] | None:
+    """one(binds, tree, baseline) for this tree and for `before`, alternated (order swapped every
+    repetition), `reps` times each; their figures by WHICH, or None when this clone does not hold
+    the revision. The stack's bind is stopped meanwhile and started again at the end."""
+    with tempfile.TemporaryDirectory(prefix="bind-before-") as into:
         old = extract(before, Path(into) / before)
         if old is None:
-            return {"skipped": f"revision {before} is not in this clone", "revision": before}
+            return None
         trees = {"now": REPO, "before": old}
         binds = OneBind(stack)
         assert stack.source, "the stack's event source feeds the binds measured"
@@ -145,10 +156,20 @@ def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -
         try:
             for rep in range(reps):
                 for which in (WHICH if rep % 2 == 0 else WHICH[::-1]):
-                    runs[which].append(one_run(stack, binds, trees[which], n, baseline))
+                    runs[which].append(one(binds, trees[which], baseline))
         finally:
             stack.source.sender.sink = stack.bind_url  # the stack as it was: its own bind
             stack.start_bind("bind", stack.bind_port)
+    return runs
+
+
+def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -> dict:
+    """Create-to-bound (pods/s) and bind's CPU per placement, bind from this tree and bind at
+    `before`, each run on its own n pods, alternated (order swapped every repetition); medians.
+    The stack's bind is stopped meanwhile and started again at the end."""
+    runs = side_by_side(stack, before, reps, lambda binds, tree, baseline: one_run(stack, binds, tree, n, baseline))
+    if runs is None:
+        return {"skipped": f"revision {before} is not in this clone", "revision": before}
     figures: dict = {"revision": before, "pods": n, "reps": reps}
     for which, rs in runs.items():
         figures[which] = {"bound_per_s": statistics.median(r["bound_per_s"] for r in rs),
@@ -162,6 +183,52 @@ def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -
     return figures
 
 
+def gang_run(stack: LocalStack, binds: OneBind, tree: Path, replicas: int, baseline: int) -> dict:
+    """bench.gang.one_run's gang (a StatefulSet of `replicas`, gpu-scheduler/gang: "true") placed by
+    a fresh bind from `tree`, once it is ready and quiet; its timings, create-to-bound as pods/s,
+    and bind's CPU per placed pod, counted as one_run counts it (from before the StatefulSet is
+    created until every pod was seen bound, the event source had sent everything and bind was
+    quiet again), before the pods are deleted."""
+    name, _, pid = binds.start(tree)
+    try:
+        def cpu() -> dict[str, float]:
+            return {"bind": profile.cpu_seconds(pid)}
+        scale.quiet(cpu, 10)
+        before = profile.cpu_seconds(pid)
+        used: dict[str, float] = {}
+
+        def settled() -> None:
+            wait_idle(stack)
+            scale.quiet(cpu, 10)
+            used["cpu_s"] = profile.cpu_seconds(pid) - before
+        figures = gang.one_run(stack, replicas, True, after_bound=settled)
+        figures["bound_per_s"] = replicas / figures["create_to_bound_s"]
+        figures["bind_cpu_ms_per_pod"] = 1000 * used["cpu_s"] / replicas
+        wait_idle(stack)  # the deletions delivered to this bind, not to the next
+        binds.settle(baseline)
+    finally:
+        binds.stop(name)
+    return figures
+
+
+def gang_cost(stack: LocalStack, replicas: int, reps: int, before: str = BEFORE_ISSUE_36) -> dict:
+    """framework_cost for a gang: create-to-bound of a gang of `replicas` (as pods/s, and its
+    seconds) and bind's CPU per placed pod, bind from this tree and bind at `before`, alternated
+    (order swapped every repetition); medians, and now / before of both."""
+    runs = side_by_side(stack, before, reps,
+                        lambda binds, tree, baseline: gang_run(stack, binds, tree, replicas, baseline))
+    if runs is None:
+        return {"skipped": f"revision {before} is not in this clone", "revision": before, "replicas": replicas}
+    figures: dict = {"revision": before, "replicas": replicas, "reps": reps}
+    for which, rs in runs.items():
+        figures[which] = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        figures[which]["runs"] = rs
+    figures["ratio"] = figures["now"]["bound_per_s"] / figures["before"]["bound_per_s"]
+    cpu_before = figures["before"]["bind_cpu_ms_per_pod"]
+    figures["cpu_ratio"] = figures["now"]["bind_cpu_ms_per_pod"] / cpu_before if cpu_before else None
+    return figures
+
+
 GOAL = ">= 1.0 (no slower)"
 
 
@@ -169,8 +236,24 @@ def per_s(figure: dict) -> str:
     return ", ".join(f"{r['bound_per_s']:.0f}" for r in figure["runs"])
 
 
-def rows(f: dict, before_what: str = "the framework") -> list[str]:
-    """The figure as rows of bench.run's table."""
+def cpu_row(f: dict, cpu_goal: float | None) -> str:
+    """bind's CPU per placement, now / before: next to `cpu_goal` (a most for now / before), or
+    reported."""
+    now, before = f["now"]["bind_cpu_ms_per_pod"], f["before"]["bind_cpu_ms_per_pod"]
+    ratio = "n/a" if f["cpu_ratio"] is None else format(f["cpu_ratio"], ".2f")
+    if cpu_goal is None:
+        return f"{'  bind CPU ms per placement, now / before (ratio)':<62} {now:.2f} / {before:.2f} ({ratio})   (report)"
+    met = f["cpu_ratio"] is not None and f["cpu_ratio"] <= cpu_goal
+    return (f"{'  bind CPU ms per placement, now / before':<62} {f'{ratio} ({now:.2f}/{before:.2f})':>20}"
+            f" {'<= ' + format(cpu_goal, '.2f'):>12}  {'PASS' if met else 'MISS'}")
+
+
+def cpu_runs(f: dict) -> str:
+    return "; ".join(", ".join(f"{r['bind_cpu_ms_per_pod']:.2f}" for r in f[which]["runs"]) for which in WHICH)
+
+
+def rows(f: dict, before_what: str = "the framework", cpu_goal: float | None = None) -> list[str]:
+    """The figure as rows of bench.run's table (bind's CPU next to `cpu_goal`, else reported)."""
     label = f"bind now / before {before_what} ({f['revision']})"
     if "skipped" in f:
         return [f"{label:<62} {'skipped':>20}  {f['skipped']}"]
@@ -184,7 +267,29 @@ def rows(f: dict, before_what: str = "the framework") -> list[str]:
         f"{now['create_per_s']:.0f}/s / {before['create_per_s']:.0f}/s",
         f"{'  last pod bound after the last created (ms), now / before':<62} "
         f"{round(now['tail_s'] * 1000)} / {round(before['tail_s'] * 1000)}",
-        f"{'  bind CPU ms per placement, now / before (ratio)':<62} "
-        f"{now['bind_cpu_ms_per_pod']:.2f} / {before['bind_cpu_ms_per_pod']:.2f} "
-        f"({'n/a' if f['cpu_ratio'] is None else format(f['cpu_ratio'], '.2f')})   (report)",
+        cpu_row(f, cpu_goal),
+    ] + ([f"{'  runs, bind CPU ms per placement, now; before':<62} {cpu_runs(f)}"] if cpu_goal is not None else [])
+
+
+def gang_rows(f: dict, before_what: str = "issue 36", cpu_goal: float | None = 1.05) -> list[str]:
+    """gang_cost's figure as rows of bench.run's table."""
+    label = f"gang of {f['replicas']}, bind now / before {before_what} ({f['revision']})"
+    if "skipped" in f:
+        return [f"{label:<62} {'skipped':>20}  {f['skipped']}"]
+    now, before = f["now"], f["before"]
+    value = f"{f['ratio']:.2f} ({now['bound_per_s']:.0f}/{before['bound_per_s']:.0f}/s)"
+
+    def seconds(figure: dict) -> str:
+        return ", ".join(f"{r['create_to_bound_s']:.2f}" for r in figure["runs"])
+    return [
+        f"{label:<62} {value:>20} {GOAL:>12}  {'PASS' if f['ratio'] >= 1.0 else 'MISS'}",
+        f"{'  create-to-bound (s), now / before; runs now; before':<62} {now['create_to_bound_s']:.2f} / "
+        f"{before['create_to_bound_s']:.2f}; {seconds(now)}; {seconds(before)}",
+        f"{'  first created -> last created (ms), now / before':<62} "
+        f"{round(now['created_s'] * 1000)} / {round(before['created_s'] * 1000)}",
+        f"{'  last member created -> last bound (ms), now / before':<62} "
+        f"{round(now['tail_s'] * 1000)} / {round(before['tail_s'] * 1000)}",
+        f"{'  runs, pods/s, now; before':<62} {per_s(now)}; {per_s(before)}",
+        cpu_row(f, cpu_goal),
+        f"{'  runs, bind CPU ms per placement, now; before':<62} {cpu_runs(f)}",
     ]

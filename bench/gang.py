@@ -29,8 +29,10 @@ WHICH = ("gang", "non-gang")
 GOAL = "<= 1.2"
 
 
-def one_run(stack: LocalStack, replicas: int, gang: bool) -> dict:
-    """One StatefulSet of `replicas` created, until every pod was seen bound; its timings (s)."""
+def one_run(stack: LocalStack, replicas: int, gang: bool, after_bound=None) -> dict:
+    """One StatefulSet of `replicas` created, until every pod was seen bound; its timings (s).
+    after_bound: called once every pod was seen bound, before they are deleted (bench.framework
+    waits there for bind to be quiet, to read its CPU)."""
     namespace = stack.create_namespace(namespace_name())
     manifest = bench_run.statefulset(namespace, replicas)
     if gang:
@@ -40,6 +42,8 @@ def one_run(stack: LocalStack, replicas: int, gang: bool) -> dict:
         client.AppsV1Api(stack.api_client).create_namespaced_stateful_set(namespace, manifest,
                                                                           _preload_content=False)
         last_bound = scale.wait_all_bound(watch, replicas)
+        if after_bound:
+            after_bound()
     finally:
         watch.stop()
         emptied(stack, namespace)

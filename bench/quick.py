@@ -1,8 +1,10 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
 preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
-[--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation)
+[--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation;
+framework36: bind now / before issue 36, bench.framework.BEFORE_ISSUE_36, for --pods pods created one
+by one and for a gang of --replicas)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang", "preemption", "quota"}:
+    if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -55,6 +57,11 @@ def main() -> int:
                                                                       framework.BEFORE_PREEMPTION)
             if "quota" in only:  # not in the default: bench.run has it
                 results["quota"] = quota.quota_cost(stack, args.pods, args.reps)
+            if "framework36" in only:  # not in the default: bench.run has it
+                results["issue36_pods"] = framework.framework_cost(stack, args.pods, args.reps,
+                                                                   framework.BEFORE_ISSUE_36)
+                results["issue36_gang"] = framework.gang_cost(stack, args.replicas, args.reps,
+                                                              framework.BEFORE_ISSUE_36)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -85,6 +92,10 @@ def main() -> int:
             print("\n".join(framework.rows(value)))
         elif key == "preemption_cost":
             print("\n".join(framework.rows(value, "preemption")))
+        elif key == "issue36_pods":
+            print("\n".join(framework.rows(value, "issue 36", cpu_goal=run.ISSUE_36_CPU)))
+        elif key == "issue36_gang":
+            print("\n".join(framework.gang_rows(value, "issue 36", cpu_goal=run.ISSUE_36_CPU)))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
         elif key == "quota":

@@ -582,6 +582,11 @@ GOALS = {
 }
 
 
+# bind's CPU per placement now / before issue 36 that reads as "unchanged" (it is counted in ticks
+# of 10 ms: a smoke run's is rough).
+ISSUE_36_CPU = 1.05
+
+
 def table(results: dict) -> str:
     rows = []
 
@@ -614,6 +619,10 @@ def table(results: dict) -> str:
         rows += framework.rows(results["framework_cost"])
     if results.get("preemption_cost"):
         rows += framework.rows(results["preemption_cost"], "preemption")
+    if results.get("issue36_pods"):
+        rows += framework.rows(results["issue36_pods"], "issue 36", cpu_goal=ISSUE_36_CPU)
+    if results.get("issue36_gang"):
+        rows += framework.gang_rows(results["issue36_gang"], "issue 36", cpu_goal=ISSUE_36_CPU)
     a = results["admission"]
     goal_row("pod creation with / without the webhook, median ratio", f"{a['median_ratio']:.2f}", "admission",
              a["median_ratio"])
@@ -716,6 +725,13 @@ def main() -> int:
         print(f"bench: bind now vs before preemption ({framework.BEFORE_PREEMPTION}), create to bound", flush=True)
         results["preemption_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,
                                                               framework.BEFORE_PREEMPTION)
+        # Issue 36's "done when": pods and a gang, bind now against main before the framework was finished.
+        print(f"bench: bind now vs before issue 36 ({framework.BEFORE_ISSUE_36}), create to bound: pods, a gang",
+              flush=True)
+        results["issue36_pods"] = framework.framework_cost(stack, n if args.smoke else 300, 1 if args.smoke else 4,
+                                                           framework.BEFORE_ISSUE_36)
+        results["issue36_gang"] = framework.gang_cost(stack, 20 if args.smoke else gang.REPLICAS,
+                                                      1 if args.smoke else 4, framework.BEFORE_ISSUE_36)
     results["scale"] = scale.run(args.smoke, args.scale)
     results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:

@@ -239,3 +239,25 @@ def test_dra_unreserve_takes_back_the_allocation_this_attempt_wrote():
     DynamicResources(SchedulerConfig()).unreserve(state, member(0), None, cluster)
     (namespace, name, body), = cluster.updates
     assert (namespace, name, body["metadata"]["resourceVersion"], body["status"]) == ("ns", "train-0-gpus", "7", {})
+
+
+def test_a_gated_member_is_not_there_yet_for_its_gang():
+    """PreEnqueue holds a gated member back, and its gang counts it as missing: nothing decided or
+    reserved for the others until its gate is gone."""
+    from gpu_scheduler.plugins.schedulinggates import SchedulingGates
+
+    gang_plugin, step = Gang(), PerNode("s")
+    framework = Framework(Profile(pre_enqueue=(SchedulingGates(),), pod_group=(gang_plugin,),
+                                  pre_filter=(MapEntry(), gang_plugin), filter=(step,), reserve=(step,),
+                                  permit=(gang_plugin,), pre_bind=(step,), bind=(step,)))
+    pods = [member(i) for i in range(3)]
+    pods[2]["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]
+    handle = Members()
+    handle.members = WorkloadMembers(pods, ())
+    cycle = framework.schedule(pods[0], handle)
+    assert cycle.status.reason == MEMBERS_MISSING and cycle.status.message.startswith("gang ns/train: 2 of 3")
+    assert [o.pod["metadata"]["name"] for o in cycle.members] == ["train-0", "train-1"]
+    assert not [c for c in handle.calls if not c.startswith("snapshot")]
+    ungated = [pods[0], pods[1], member(2)]
+    handle.members = WorkloadMembers(ungated, ())
+    assert framework.schedule(ungated[0], handle).status.ok

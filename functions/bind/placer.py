@@ -352,8 +352,7 @@ class Placer:
             self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, outcome.node), "Binding")
             for reason, warning in getattr(bind_decision(outcome.pod), "warnings", ()):
                 self.recorder.event(ref, WARNING, reason, warning, "Binding")
-            if attempted:
-                self._attempted("scheduled", started)
+            self._attempted("scheduled", started)  # each pod bound, a gang's members too
             return Attempt(self._report(ref, BOUND, "", outcome.node, time.perf_counter() - started))
         if status.refused:
             return self._refused(ref, cycle, outcome, started, attempted)
@@ -421,7 +420,10 @@ class Placer:
         report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node, plugin=status.plugin)
         if not group.alone and outcome.phase in (RESERVE, PERMIT, PRE_BIND):
             return Attempt(report, retry=True, jitter=True)
-        waits_on = cycle.waits_on if cycle.waits_on is not None and not group.alone else outcome
+        # a member refused with its group waits on the member the group waits on; one refused on its
+        # own (its gang bound without it) on its own refusal
+        grouped = not group.alone and cycle.waits_on is not None and cycle.status.refused
+        waits_on = cycle.waits_on if grouped else outcome
         return Attempt(report, Refused(waits_on.status.plugin, waits_on.node))
 
     def _failed(self, ref: PodRef, outcome: Outcome, started: float, attempted: bool = True) -> Attempt:
