@@ -412,9 +412,10 @@ class Placer:
         if attempted or group.alone:
             self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations=annotations,
                                 key=group.plugin, if_changed=not attempted)
-        else:
-            self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, group.plugin)
-        self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
+            self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
+        else:  # coalesced: a gang of N created in a burst would otherwise write N conditions at each arrival
+            self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, group.plugin,
+                                      condition=(UNSCHEDULABLE, status.message))
         if attempted:
             self._attempted("unschedulable", started)
         report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node, plugin=status.plugin)

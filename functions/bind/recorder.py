@@ -58,13 +58,15 @@ class Recorder:
         self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations, key))
 
     def event_later(self, pod: PodRef, kind: str, reason: str, message: str, annotations: dict[str, str],
-                    key: str) -> None:
+                    key: str, condition: tuple[str, str] | None = None) -> None:
         """A keyed Event written LATER_SECONDS from now at the latest, with the latest message asked
         for meanwhile, and only if it differs from the last one written; dropped when any other
-        Event of the pod is written first (the pod bound, or its gang's verdict changed)."""
+        Event of the pod is written first (the pod bound, or its gang's verdict changed).
+        `condition`: the PodScheduled=False (reason, message) to write with it, coalesced alike
+        (each write is also a watch event for every bind instance)."""
         with self._later_lock:
             asked = self._later.get(pod.uid, (time.monotonic(), ()))[0]
-            self._later[pod.uid] = (asked, (pod, kind, reason, message, annotations, key))
+            self._later[pod.uid] = (asked, (pod, kind, reason, message, annotations, key, condition))
             if self._later_thread is None or not self._later_thread.is_alive():
                 self._later_thread = threading.Thread(target=self._write_later, name="event-later", daemon=True)
                 self._later_thread.start()
@@ -76,8 +78,10 @@ class Recorder:
             with self._later_lock:
                 due = [uid for uid, (asked, _) in self._later.items() if now - asked >= LATER_SECONDS]
                 writes = [self._later.pop(uid)[1] for uid in due]
-            for pod, kind, reason, message, annotations, key in writes:
+            for pod, kind, reason, message, annotations, key, condition in writes:
                 self.event(pod, kind, reason, message, annotations=annotations, key=key, if_changed=True)
+                if condition is not None:
+                    self.unschedulable(pod, *condition)
 
     def unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         if self._conditions.get(pod.uid) != (reason, message):
