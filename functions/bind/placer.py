@@ -418,7 +418,11 @@ class Placer:
                                       condition=(UNSCHEDULABLE, status.message))
         if attempted:
             self._attempted("unschedulable", started)
-        report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node, plugin=status.plugin)
+            report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node,
+                                  plugin=status.plugin)
+        else:  # its group's refusal, logged once for the pod attempted, not once per member at every attempt
+            report = {"result": status.reason or UNSCHEDULABLE, "pod": str(ref), "message": status.message,
+                      "plugin": status.plugin}
         if not group.alone and outcome.phase in (RESERVE, PERMIT, PRE_BIND):
             return Attempt(report, retry=True, jitter=True)
         # a member refused with its group waits on the member the group waits on; one refused on its

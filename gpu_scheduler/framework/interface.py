@@ -184,6 +184,11 @@ class PodGroupPlugin(Plugin):
     def pod_group(self, pod: Pod, cluster: Any) -> PodGroup | None:
         raise NotImplementedError
 
+    def group_name(self, pod: Pod) -> str | None:
+        """The name of the pod's group without forming it (no I/O): the key its cycle is
+        serialized on. None: the pod goes alone."""
+        raise NotImplementedError
+
 
 class PreFilterPlugin(Plugin):
     def pre_filter(self, state: CycleState, pod: Pod) -> PreFilterResult:

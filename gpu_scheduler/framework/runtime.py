@@ -281,14 +281,15 @@ class Framework:
         if not status.ok:
             alone = PodGroup(_name(pod), 1, (pod,))
             return CycleOutcome(status, alone, (Outcome(pod, status, "", PRE_ENQUEUE),))
-        group = self.group_of(pod, cluster)
-        if group.alone:
-            return self._cycle(pod, group, cluster)
-        with cluster.group_lock(group.name):  # one attempt per group at a time in this instance
-            if cluster.assumed(pod):  # bound with its group by the attempt this one waited for
+        name = next((n for n in (p.group_name(pod) for p in self.profile.pod_group) if n is not None), None)
+        if name is None:
+            return self._cycle(pod, PodGroup(_name(pod), 1, (pod,)), cluster)
+        with cluster.group_lock(name):  # one attempt per group at a time in this instance
+            group = self.group_of(pod, cluster)  # as it is after any attempt this one waited for
+            if cluster.assumed(pod):  # bound with its group by that attempt
                 done = Status(Code.SUCCESS, "", f"bound with {group.name}", already_bound=True)
                 return CycleOutcome(done, group, (Outcome(pod, done, "", BIND),))
-            return self._cycle(pod, self.group_of(pod, cluster), cluster)  # as it is after that attempt
+            return self._cycle(pod, group, cluster)
 
     def _cycle(self, pod: Mapping[str, Any], group: PodGroup, cluster: Cluster) -> CycleOutcome:
         cluster.group_formed(group.pending)

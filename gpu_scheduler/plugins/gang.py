@@ -17,6 +17,7 @@ quorum, because bind tells each waiting member how many exist (a FailedSchedulin
 current), and PreEnqueue refusals are silent by kube-scheduler's rule (a gated pod gets no Event)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -49,16 +50,24 @@ def gang_size(pod: Mapping[str, Any]) -> int | None:
            ' gang needs, or to "false"')
     if not isinstance(value, str) or not (value == "true" or (value.isascii() and value.isdigit())):
         raise GangError(f"{GANG_ANNOTATION}: {shown(value)} is not a gang size: {fix}")
-    try:
-        entries = len(parse_map(map_text(pod) or ""))
-    except MapError:
-        entries = 0  # MapEntry refuses the map itself, with its own words
+    entries = _entries(map_text(pod) or "")
     if value == "true":
         return max(entries, 1)
     size = int(value[:12])  # more digits than that exceed any map
     if size < 1 or (entries and size > entries):
         raise GangError(f"{GANG_ANNOTATION}: {shown(value)} must be from 1 to the map's {entries} entries: {fix}")
     return size
+
+
+@functools.lru_cache(maxsize=256)
+def _entries(text: str) -> int:
+    """The number of entries of a map (0 for a malformed one: MapEntry refuses the map itself, with
+    its own words). Kept per text: every member of a gang carries the same map, and its group is
+    formed at each member's attempt."""
+    try:
+        return len(parse_map(text))
+    except MapError:
+        return 0
 
 
 def gang_name(pod: Mapping[str, Any]) -> str:
@@ -83,7 +92,7 @@ def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound:
     size = gang_size(pod)
     if size is None:
         return None
-    members = {_key(p): p for p in pending if gang_size_or_none(p) is not None}
+    members = {_key(p): p for p in pending if gang_size_or_none(p) is not None}  # those that ask for a gang
     members[_key(pod)] = pod
     return PodGroup(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)), NAME)
 
@@ -156,7 +165,10 @@ class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
         if gang_size_or_none(pod) is None:
             return None
         members = cluster.workload_pods(workload(pod))
-        return gang_of(pod, [p for p in members.pending if gang_size_or_none(p) is not None], members.bound)
+        return gang_of(pod, members.pending, members.bound)
+
+    def group_name(self, pod: Mapping[str, Any]) -> str | None:
+        return gang_name(pod) if gang_size_or_none(pod) is not None else None
 
     def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
         try:
