@@ -413,9 +413,14 @@ class Placer:
             self.recorder.event(ref, WARNING, FAILED_SCHEDULING, status.message, annotations=annotations,
                                 key=group.plugin, if_changed=not attempted)
             self.recorder.unschedulable(ref, UNSCHEDULABLE, status.message)
-        else:  # coalesced: a gang of N created in a burst would otherwise write N conditions at each arrival
+        else:
+            # Coalesced: members arrive in bursts. While members are still missing (the group waits
+            # on no member) a member's condition stays as its own attempt wrote it: N members
+            # created in a burst would otherwise rewrite N conditions (N watch events for every
+            # bind instance) at each arrival.
+            waits_on_member = cycle.waits_on is not None
             self.recorder.event_later(ref, WARNING, FAILED_SCHEDULING, status.message, annotations, group.plugin,
-                                      condition=(UNSCHEDULABLE, status.message))
+                                      condition=(UNSCHEDULABLE, status.message) if waits_on_member else None)
         if attempted:
             self._attempted("unschedulable", started)
             report = self._report(ref, status.reason or UNSCHEDULABLE, status.message, outcome.node,
