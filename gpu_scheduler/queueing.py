@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .framework.events import (  # noqa: F401 (the views name the events they report from here)
+from .framework.events import (  # noqa: F401 (bind's cache names the events it reports from here)
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, POD_UPDATE, RECORD_FREED, RECORD_UPDATE,
     SLICE_ADD, SLICE_DELETE, SLICE_UPDATE,
 )

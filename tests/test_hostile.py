@@ -316,9 +316,9 @@ def fake_bind(inprocess_apps):
         state["api"] = LiveEcho(bind=[{}], create_lease=[{}], list_pods=[[]])
         module.placer = synced_placer(state["api"])
         # Every node a map names exists, as the fake API's answered before: what is decided is the map.
-        # (The snapshot reads the views' nodes; patching a views.node reader, as this did before the
+        # (The snapshot reads the cache's nodes; patching a views.node reader, as this did before the
         # framework, changed nothing, and a map on a node named otherwise than node1 was refused.)
-        module.placer.views._nodes = EveryNode()
+        module.placer.views.cache._nodes = EveryNode()
         return state["api"]
 
     yield Client(), install
@@ -326,7 +326,7 @@ def fake_bind(inprocess_apps):
 
 
 class EveryNode(dict):
-    """The views' nodes in test_bind_binds_only_what_the_reference_accepts: any name is a Ready node."""
+    """The cache's nodes in test_bind_binds_only_what_the_reference_accepts: any name is a Ready node."""
 
     def get(self, name, default=None):
         return {**NODE, "metadata": {"name": name}}

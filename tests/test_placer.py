@@ -62,9 +62,9 @@ def synced_placer(api, pods=(), nodes=(NODE,), leases=()) -> Placer:
     would fill them."""
     placer = Placer(api)
     placer._started = True
-    placer.views._replace_nodes([list(nodes)])
-    placer.views._replace_pods([[copy.deepcopy(p) for p in pods]])
-    placer.views._replace_records([list(leases)])
+    placer.views.handlers.replace_nodes([list(nodes)])
+    placer.views.handlers.replace_pods([[copy.deepcopy(p) for p in pods]])
+    placer.views.handlers.replace_records([list(leases)])
     for informer in placer.views.informers:
         informer.synced.set()
     return placer
@@ -144,7 +144,7 @@ def test_a_fresh_record_of_another_workload_refuses_even_before_its_pod_shows():
 def test_a_fresh_record_whose_pod_was_seen_deleted_is_taken_over():
     placer, api = placer_with(pods=[holder_pod("0")], leases=[lease("StatefulSet team-a/train")], update_lease=[{}])
     assert placed(placer)["result"] == "Unschedulable"
-    placer.views._apply_pod("DELETED", holder_pod("0"))
+    placer.views.handlers.apply_pod("DELETED", holder_pod("0"))
     assert placed(placer)["result"] == "Bound"
 
 
@@ -368,9 +368,9 @@ def test_an_unschedulable_pod_is_tried_again_when_its_holder_leaves():
     assert placer.queue.pop(timeout=0.1) == uid
     assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
     assert placer.queue.pop(timeout=0.1) is None  # waits for an event, not a timer
-    placer.views._apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"x": "y"}}})
+    placer.views.handlers.apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"x": "y"}}})
     assert placer.queue.pop(timeout=0.1) is None  # a node change cannot free a GPU
-    placer.views._apply_pod("DELETED", holder)
+    placer.views.handlers.apply_pod("DELETED", holder)
     assert placer.queue.pop(timeout=2) == uid  # after its backoff
     assert placer._attempt_claimed(uid)["result"] == "Bound"
 
@@ -382,7 +382,7 @@ def test_a_pod_refused_by_its_selector_is_tried_again_when_the_node_gains_the_la
     uid = pod["metadata"]["uid"]
     assert placer.queue.pop(timeout=0.1) == uid
     assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
-    placer.views._apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"zone": "b"}}})
+    placer.views.handlers.apply_node("MODIFIED", {**NODE, "metadata": {"name": "node1", "labels": {"zone": "b"}}})
     assert placer.queue.pop(timeout=2) == uid
     assert placer._attempt_claimed(uid)["result"] == "Bound"
 
@@ -394,10 +394,10 @@ def test_a_status_update_of_a_pending_pod_does_not_requeue_it():
     placer._attempt_claimed(uid)
     updated = copy.deepcopy(POD)
     updated["status"] = {"conditions": [{"type": "PodScheduled", "status": "False"}]}
-    placer.views._apply_pod("MODIFIED", updated)
+    placer.views.handlers.apply_pod("MODIFIED", updated)
     assert placer.queue.pop(timeout=0.1) is None
     updated["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node2:0"
-    placer.views._apply_pod("MODIFIED", updated)
+    placer.views.handlers.apply_pod("MODIFIED", updated)
     assert placer.queue.pop(timeout=0.1) == uid
 
 
@@ -461,8 +461,8 @@ def dra_placer(slices=(SLICE,), claims=(), **script):
     script.setdefault("create_lease", [{}])
     api = ClaimApi(**script)
     placer = synced_placer(api)
-    placer.views._replace_slices([list(slices)])
-    placer.views._replace_claims([copy.deepcopy(list(claims))])
+    placer.views.handlers.replace_slices([list(slices)])
+    placer.views.handlers.replace_claims([copy.deepcopy(list(claims))])
     return placer, api
 
 
@@ -549,14 +549,14 @@ def test_dra_a_device_allocated_in_another_claim_refuses_before_any_write():
 
 def test_dra_a_pod_refused_for_want_of_devices_is_tried_again_when_its_node_publishes_them():
     placer, api = dra_placer(slices=())
-    placer.views._apply_pod("ADDED", copy.deepcopy(DRA_POD))
+    placer.views.handlers.apply_pod("ADDED", copy.deepcopy(DRA_POD))
     uid = POD["metadata"]["uid"]
     assert placer.queue.pop(timeout=0.1) == uid
     outcome = placer._attempt_claimed(uid)
     assert outcome["result"] == "Unschedulable" and "matches no device" in outcome["message"]
-    placer.views._apply_slice("ADDED", {**SLICE, "spec": {**SLICE["spec"], "nodeName": "node2"}})
+    placer.views.handlers.apply_slice("ADDED", {**SLICE, "spec": {**SLICE["spec"], "nodeName": "node2"}})
     assert placer.queue.pop(timeout=0.1) is None  # another node's devices
-    placer.views._apply_slice("ADDED", SLICE)
+    placer.views.handlers.apply_slice("ADDED", SLICE)
     assert placer.queue.pop(timeout=2) == uid
     assert placer._attempt_claimed(uid)["result"] == "Bound"
 
@@ -565,11 +565,11 @@ def test_dra_a_pod_refused_for_a_held_device_is_tried_again_when_that_claim_goes
     theirs = {"metadata": {"name": "inference", "namespace": "team-b", "resourceVersion": "3"},
               "status": {"allocation": allocated_to([{"request": "r", "driver": NVIDIA, "pool": "node1", "device": "gpu-0"}])}}
     placer, api = dra_placer(claims=[theirs])
-    placer.views._apply_pod("ADDED", copy.deepcopy(DRA_POD))
+    placer.views.handlers.apply_pod("ADDED", copy.deepcopy(DRA_POD))
     uid = POD["metadata"]["uid"]
     assert placer.queue.pop(timeout=0.1) == uid
     assert placer._attempt_claimed(uid)["result"] == "Unschedulable"
-    placer.views._apply_claim("DELETED", theirs)
+    placer.views.handlers.apply_claim("DELETED", theirs)
     assert placer.queue.pop(timeout=2) == uid
     assert placer._attempt_claimed(uid)["result"] == "Bound"
 
@@ -622,9 +622,9 @@ def test_dra_a_claim_deallocated_frees_its_devices_and_two_claims_of_one_device_
 
     placer, api = dra_placer(claims=[theirs("a", "gpu-0"), theirs("b", "gpu-0")])
     assert "ResourceClaim team-b/a" in placer.place(copy.deepcopy(DRA_POD)).outcome["message"]
-    placer.views._apply_claim("MODIFIED", {**theirs("a"), "metadata": {**theirs("a")["metadata"], "resourceVersion": "4"}})
+    placer.views.handlers.apply_claim("MODIFIED", {**theirs("a"), "metadata": {**theirs("a")["metadata"], "resourceVersion": "4"}})
     assert "ResourceClaim team-b/b" in placer.place(copy.deepcopy(DRA_POD)).outcome["message"]
-    placer.views._apply_claim("DELETED", theirs("b", "gpu-0"))
+    placer.views.handlers.apply_claim("DELETED", theirs("b", "gpu-0"))
     assert placed(placer, DRA_POD)["result"] == "Bound"
 
 

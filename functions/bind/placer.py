@@ -1,8 +1,9 @@
-"""The Kubernetes side of bind: its views of the cluster (views.py), its scheduling queue
-(schedqueue.py) and the workers that drain it. Each attempt at a pod is the framework's
-(gpu_scheduler/framework: PreFilter, Filter, Reserve, Permit, PreBind, Bind, on a snapshot of the
-pod's node); this shell gives it the I/O it asks for (handle.py) and turns its Outcome into Events,
-the pod's condition, the queue's verdict and the log.
+"""The Kubernetes side of bind: its views of the cluster (views.py: the cache, cache.py, kept by
+the watches' event handlers, eventhandlers.py), its scheduling queue (schedqueue.py) and the
+workers that drain it. Each attempt at a pod is the framework's (gpu_scheduler/framework:
+PreFilter, Filter, Reserve, Permit, PreBind, Bind, on a snapshot of the pod's node); this shell
+gives it the I/O it asks for (handle.py) and turns its Outcome into Events, the pod's condition,
+the queue's verdict and the log.
 
 bind finds its own work: every pending pod of ours that its pod watch shows is queued and placed,
 whether or not an event came; an event or a ping makes it sooner and serves as a check."""

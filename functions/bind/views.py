@@ -1,149 +1,65 @@
 """bind's one view of the cluster, kept current by its watches (informers.py), as
 kube-scheduler's informers keep its cache: every pod (our pending pods, to place; every node's
 non-terminal pods, for fit and GPU accounting), every node (labels, taints, conditions,
-allocatable), bind's device records (gpu_scheduler/records.py) and, for DRA mode
-(gpu_scheduler/plugins/dynamicresources/allocator.py, unless GPU_SCHEDULER_DRA=false), every ResourceSlice and ResourceClaim.
-Each change that can undo a
-refusal is passed to the scheduling queue as a cluster event; each pending pod of ours found new or
-changed is queued. The I/O side of bind; the decisions stay in gpu_scheduler/."""
+allocatable), bind's device records (gpu_scheduler/records.py), PodDisruptionBudgets and, for DRA
+mode (gpu_scheduler/plugins/dynamicresources/allocator.py, unless GPU_SCHEDULER_DRA=false), every
+ResourceSlice and ResourceClaim.
+
+Views is what the rest of bind (placer.py, handle.py) reads and writes through. It builds the
+three parts, after kube-scheduler's layout: the cache (cache.py: the state, its lock, the reads and
+this instance's own writes), the event handlers (eventhandlers.py: each listing or event into the
+cache, and what changed on to the scheduling queue: each change that can undo a refusal as a
+cluster event, each pending pod of ours found new or changed queued) and one informer per kind.
+The I/O side of bind; the decisions stay in gpu_scheduler/."""
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import time
-import json
-import threading
-from collections import OrderedDict
-from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
 
-from gpu_scheduler import SCHEDULER_NAME
-from gpu_scheduler.binding import placement_inputs
-from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
-from gpu_scheduler.plugins.dynamicresources.allocator import Device, allocated, drivers_on, node_devices
-from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
+from gpu_scheduler.fit import PodInfo
+from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.plugins.gang import WorkloadMembers
-from gpu_scheduler.queueing import (
-    ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
-    SLICE_DELETE, SLICE_UPDATE,
-)
 from gpu_scheduler.records import RECORD_SELECTOR, Record
+from cache import Cache, PendingPod
+from eventhandlers import EventHandlers
 from informers import Informer
-from metrics import GPUS_HELD
 from schedqueue import SchedulingQueue
-
-MAX_GONE = 65536  # UIDs of deleted pods remembered (about 5 MB)
-MAX_PENDING_BYTES = 16 * 1024 * 1024  # of JSON: pending pods past this are kept by name, read when placed
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
-    """The node as the plugins read it, less what changes without changing any answer (its
-    heartbeats, its version) and what is large and read by none (its images, volumes and managed
-    fields): a status update that changes nothing else is no event, as kube-scheduler's node
-    update hints ignore heartbeats."""
-    meta, status = _meta(node), node.get("status") or {}
-    conditions = [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
-                  for c in status.get("conditions") or [] if isinstance(c, dict)]
-    kept_meta = {k: v for k, v in meta.items() if k not in ("managedFields", "resourceVersion")}
-    kept_status = {k: v for k, v in status.items() if k not in ("images", "volumesAttached", "volumesInUse")}
-    return {**{k: v for k, v in node.items() if k not in ("metadata", "status")}, "metadata": kept_meta,
-            "status": {**kept_status, "conditions": conditions}}
-
-
-def _placement_fingerprint(pod: Mapping[str, Any]) -> str:
-    """What can change a pending pod's placement: its spec, labels and annotations (not its status,
-    which bind writes itself)."""
-    return hashlib.sha256(placement_inputs(pod).encode()).hexdigest()
-
-
-def _is_pending_ours(pod: Mapping[str, Any]) -> bool:
-    spec = pod.get("spec") or {}
-    return (spec.get("schedulerName") == SCHEDULER_NAME and not spec.get("nodeName")
-            and not _meta(pod).get("deletionTimestamp") and not is_terminal(pod))
-
-
-@dataclasses.dataclass(frozen=True)
-class PendingPod:
-    """A pending pod of ours as the views keep it: the pod as last seen (None: kept by name only,
-    past the memory bound or named by an event that could not be read), and what it is."""
-
-    namespace: str
-    name: str
-    pod: Mapping[str, Any] | None = None
-    fingerprint: str = ""  # what can change its placement (_placement_fingerprint): a new one queues it
-    size: int = 0  # its JSON's bytes, counted against MAX_PENDING_BYTES while kept
-
-
-def _devices_of(slices: Iterable[Mapping[str, Any]]) -> list[Device]:
-    """Every device the slices publish (all of one node)."""
-    slices = list(slices)
-    nodes = {str((s.get("spec") or {}).get("nodeName")) for s in slices}
-    return [device for node in nodes for driver in drivers_on(slices, node)
-            for device, _ in node_devices(slices, node, driver)]
-
-
-def _trim_claim(claim: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = _meta(claim)
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    return claim
 
 
 class Views:
     def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True,
                  admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True):
         self.api, self.namespace, self.queue = api, namespace, queue
-        self.admits = admits  # the framework's PreEnqueue: whether a pending pod is queued at all
-        self._lock = threading.Lock()
-        self._nodes: dict[str, dict] = {}
-        self._pods_on: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod
-        self._listed: dict[str, NodeInfo] = {}  # node -> its pods as a NodeInfo
-        self._node_of: dict[str, str] = {}  # uid -> node, for assigned pods
-        self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
-        self._pending: dict[str, PendingPod] = {}
-        self._pending_bytes = 0
-        # Pod groups (the Gang plugin's WorkloadPods): workload -> the uids of its pending pods, and
-        # workload -> uid -> namespace/name of its assigned pods (bound members count), kept with
-        # _pending and _pods_on: a group's attempt looks up its workload's pods, not every pod.
-        self._workload_pending: dict[tuple[str, ...], dict[str, None]] = {}
-        self._assigned_of: dict[tuple[str, ...], dict[str, str]] = {}
-        self._records: dict[tuple[str, str], Record] = {}
-        self._records_on: dict[str, dict[str, Record]] = {}  # node -> device -> record, kept with _records
-        # node -> a number that changes with every change of the node, its pods (assumed ones too),
-        # its records or its slices: an attempt assumes its pod only on the node it decided on.
-        self._generation: dict[str, int] = {}
-        self.on_node: Callable[[Mapping[str, Any]], None] | None = None  # each node added or changed (quotas)
-        # Pods seen deleted, most recent last: a record written for one of them holds nothing.
-        self.gone: OrderedDict[str, None] = OrderedDict()
+        self.dra = dra
+        self.informers: list[Informer] = []
+        # gone_of compares a record with how far the pod watch is; a snapshot says whether DRA is served
+        self.cache = Cache(dra, pods_version=lambda: self.informers[0].version,
+                           dra_served=lambda: all(i.served for i in self.informers if i.optional))
+        self.handlers = handlers = EventHandlers(self.cache, queue, admits)
         self.informers = [
-            Informer("pods", api.list_all_pods, api.watch_all_pods, self._replace_pods, self._apply_pod),
-            Informer("nodes", api.list_nodes, api.watch_nodes, self._replace_nodes, self._apply_node),
+            Informer("pods", api.list_all_pods, api.watch_all_pods, handlers.replace_pods, handlers.apply_pod),
+            Informer("nodes", api.list_nodes, api.watch_nodes, handlers.replace_nodes, handlers.apply_node),
             Informer("records", lambda: api.list_leases(namespace, RECORD_SELECTOR),
                      lambda version, seconds: api.watch_leases(namespace, RECORD_SELECTOR, version, seconds),
-                     self._replace_records, self._apply_record),
+                     handlers.replace_records, handlers.apply_record),
             # Preemption evicts no pod a PodDisruptionBudget protects now (plugins/defaultpreemption.py).
-            Informer("poddisruptionbudgets", api.list_pdbs, api.watch_pdbs, self._replace_pdbs, self._apply_pdb),
+            Informer("poddisruptionbudgets", api.list_pdbs, api.watch_pdbs, handlers.replace_pdbs, handlers.apply_pdb),
         ]
-        self._pdbs: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> name -> budget
-        # node -> slice name -> spec: a placement reads its node's slices only. Slices published for
-        # no single node (spec.nodeName unset) are not kept: DRA mode matches a node's own.
-        self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
-        self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}  # (namespace, name) -> claim
-        # Every allocated device and the claims it is allocated in, kept with _claims: a placement
-        # looks up its devices, rather than going through every claim of the cluster.
-        self._held: dict[Device, dict[str, None]] = {}
-        self.dra = dra
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
-                         self._replace_slices, self._apply_slice, optional=True),
+                         handlers.replace_slices, handlers.apply_slice, optional=True),
                 Informer("resourceclaims", api.list_resource_claims, api.watch_resource_claims,
-                         self._replace_claims, self._apply_claim, optional=True),
+                         handlers.replace_claims, handlers.apply_claim, optional=True),
             ]
+
+    @property
+    def on_node(self) -> Callable[[Mapping[str, Any]], None] | None:
+        """Called with each node added or changed (quotas' advertiser)."""
+        return self.handlers.on_node
+
+    @on_node.setter
+    def on_node(self, offer: Callable[[Mapping[str, Any]], None] | None) -> None:
+        self.handlers.on_node = offer
 
     def start(self) -> None:
         for informer in self.informers:
@@ -158,514 +74,55 @@ class Views:
         problems = [i.problem for i in waiting if i.problem]
         return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
-    # -- reads, for placement ---------------------------------------------------------------
+    # -- reads, for placement (the cache's) ------------------------------------------------------
     def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = ()) -> NodeSnapshot:
-        """The node as one attempt decides on it: immutable, taken under the lock at once, read
-        outside it. Its pods include those this instance is binding there (assumed); `claims`: the
-        (namespace, name) of the claims the pod's attempt reads."""
-        with self._lock:
-            records = dict(self._records_on.get(node, {}))
-            slices = tuple({"spec": spec} for spec in self._slices.get(node, {}).values())
-            held = {device: next(iter(self._held[device])) for device in _devices_of(slices)
-                    if self._held.get(device)}
-            return NodeSnapshot(
-                name=node, node=self._nodes.get(node), info=self._node_info(node),
-                records=MappingProxyType(records), gone=frozenset(uid for r in records.values()
-                                                                  for uid in self._gone_of(r)) |
-                frozenset(r.nominee_uid for r in records.values() if r.nominee_uid in self.gone),  # a preemptor deleted
-                now=time.time(), slices=slices, held=MappingProxyType(held),
-                claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
-                dra=self._dra_support(),
-                generation=self._generation.get(node, 0))
+        return self.cache.snapshot(node, claims)
 
     def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
-        """The PodDisruptionBudgets of the namespaces that pods on `node` are in."""
-        with self._lock:
-            namespaces = {info.name.split("/", 1)[0] for info in self._pods_on.get(node, {}).values()}
-            return tuple(pdb for namespace in namespaces for pdb in self._pdbs.get(namespace, {}).values())
+        return self.cache.pdbs(node)
 
     def members_of(self, key: tuple[str, ...]) -> tuple[tuple[str, PodInfo], ...]:
-        """(node, pod) of each bound pod of the workload `key` (a gang's members, for preemption)."""
-        with self._lock:
-            return tuple((self._node_of[uid], self._pods_on[self._node_of[uid]][uid])
-                         for uid in self._assigned_of.get(key, {}) if uid in self._node_of)
-
-    def _replace_pdbs(self, pages: Iterable[list[dict]]) -> None:
-        pdbs: dict[str, dict[str, Mapping[str, Any]]] = {}
-        for items in pages:
-            for pdb in items:
-                namespace, name = _name(pdb)
-                pdbs.setdefault(namespace, {})[name] = _trim(pdb)
-        with self._lock:
-            self._pdbs = pdbs
-
-    def _apply_pdb(self, kind: str, pdb: Mapping[str, Any]) -> None:
-        namespace, name = _name(pdb)
-        with self._lock:
-            if kind == "DELETED":
-                self._pdbs.get(namespace, {}).pop(name, None)
-            else:
-                self._pdbs.setdefault(namespace, {})[name] = _trim(pdb)
+        return self.cache.members_of(key)
 
     def pending_pod(self, uid: str) -> PendingPod | None:
-        with self._lock:
-            return self._pending.get(uid)
+        return self.cache.pending_pod(uid)
 
     def pending_version(self, uid: str) -> str | None:
-        with self._lock:
-            entry = self._pending.get(uid)
-            return str(_meta(entry.pod).get("resourceVersion") or "") if entry and entry.pod else None
+        return self.cache.pending_version(uid)
 
     def assigned_node(self, uid: str) -> str | None:
-        with self._lock:
-            return self._node_of.get(uid)
+        return self.cache.assigned_node(uid)
 
     def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
-        """The pods of workload `key` as this instance sees them: its pending pods (those this
-        instance has bound and the watch not yet shown count as bound), and its bound ones."""
-        with self._lock:
-            assumed = {uid for pods in self._assumed.values() for uid in pods}
-            pending = [self._pending[uid].pod for uid in self._workload_pending.get(key, ())
-                       if uid not in assumed and self._pending[uid].pod is not None]
-            bound = list(self._assigned_of.get(key, {}).values())
-            bound += [f"{p.get('metadata', {}).get('namespace')}/{p.get('metadata', {}).get('name')}"
-                      for uid in self._workload_pending.get(key, ()) if uid in assumed
-                      for p in (self._pending[uid].pod,) if p is not None]
-        return WorkloadMembers(pending, bound)
+        return self.cache.workload_pods(key)
 
     def assumed(self, uid: str) -> bool:
-        """This instance is binding the pod, or has bound it and the watch has not shown it yet."""
-        with self._lock:
-            return any(uid in pods for pods in self._assumed.values())
+        return self.cache.assumed(uid)
 
     def pending_uids(self) -> list[str]:
-        with self._lock:
-            return list(self._pending)
-
-    def _node_info(self, node: str) -> NodeInfo:
-        """Inside the lock: the node's pods as watched, plus those this instance is placing."""
-        view = self._listed.get(node, NodeInfo())
-        for uid, info in self._assumed.get(node, {}).items():
-            if uid not in view.uids:
-                view = view.plus(info)
-        return view
-
-    def _changed(self, node: str) -> None:
-        """Inside the lock: the node, its pods, records or slices changed."""
-        self._generation[node] = self._generation.get(node, 0) + 1
+        return self.cache.pending_uids()
 
     def gone_of(self, record: Record | None) -> frozenset[str]:
-        with self._lock:
-            return self._gone_of(record)
-
-    def _gone_of(self, record: Record | None) -> frozenset[str]:
-        """Inside the lock: {the UID of the pod `record` was last written for} when this view knows
-        that pod is gone, else nothing: seen deleted, or absent from a pod view that is past the
-        record's own version (the pod was created before its record was written, so a view that far
-        along holds it unless it is gone). A fresh instance thus frees at once the records of pods
-        deleted before it started. resourceVersions are compared as etcd revisions, one counter for
-        pods and Leases alike; where they are not numbers, only deletions seen count."""
-        if record is None or not record.last_uid:
-            return frozenset()
-        uid = record.last_uid
-        if uid in self.gone:
-            return frozenset({uid})
-        if uid in self._pending or uid in self._node_of:
-            return frozenset()
-        seen_since = _newer(self.informers[0].version, record.resource_version, or_equal=True)
-        return frozenset({uid}) if seen_since else frozenset()
-
-    def _dra_support(self) -> DraSupport:
-        if not self.dra:
-            return DraSupport.OFF
-        return DraSupport.SERVED if all(i.served for i in self.informers if i.optional) else DraSupport.NOT_SERVED
-
-    # -- DRA ---------------------------------------------------------------------------------
-    def _set_claim(self, key: tuple[str, str], claim: Mapping[str, Any] | None) -> None:
-        """Inside self._lock: `claim` (None: deleted) under `key`, and the held index with it."""
-        before = self._claims.get(key)
-        name = f"{key[0]}/{key[1]}"
-        for device in allocated([before] if before is not None else []):
-            holders = self._held.get(device, {})
-            holders.pop(name, None)
-            if not holders:
-                self._held.pop(device, None)
-        if claim is None:
-            self._claims.pop(key, None)
-            return
-        self._claims[key] = claim
-        for device in allocated([claim]):
-            self._held.setdefault(device, {})[name] = None
-
-    def wrote_claim(self, claim: Mapping[str, Any]) -> None:
-        """A claim this instance just wrote or read: seen at once, before its watch event."""
-        with self._lock:
-            self._keep_claim(claim, from_watch=False)
-
-    def _keep_claim(self, claim: Mapping[str, Any], from_watch: bool) -> None:
-        """Inside self._lock: `claim` in the view, unless the view holds a newer copy. A watch's copy
-        yields only to a newer one this instance wrote; a written or read copy must be newer."""
-        key = _name(claim)
-        known = self._claims.get(key)
-        if known is not None:
-            version, known_version = (str(_meta(c).get("resourceVersion") or "") for c in (claim, known))
-            stale = _newer(known_version, version) if from_watch else not _newer(version, known_version)
-            if stale:
-                return
-        self._set_claim(key, _trim_claim(claim))
-
-    def _replace_slices(self, pages: Iterable[list[dict]]) -> None:
-        slices: dict[str, dict[str, Mapping[str, Any]]] = {}
-        for items in pages:
-            for item in items:
-                spec = item.get("spec") or {}
-                if spec.get("nodeName"):
-                    slices.setdefault(spec["nodeName"], {})[str(_meta(item).get("name"))] = spec
-        with self._lock:
-            before, self._slices = self._slices, slices
-            for node in set(before) | set(slices):
-                self._changed(node)
-        for node in set(before) | set(slices):
-            now, then = slices.get(node, {}), before.get(node, {})
-            if any(then.get(name) != spec for name, spec in now.items()):
-                self.queue.cluster_event(SLICE_UPDATE, node)
-            if any(name not in now for name in then):
-                self.queue.cluster_event(SLICE_DELETE, node)
-
-    def _apply_slice(self, kind: str, item: Mapping[str, Any]) -> None:
-        name, spec = str(_meta(item).get("name")), item.get("spec") or {}
-        node = spec.get("nodeName")
-        if not node:
-            return
-        with self._lock:
-            if kind == "DELETED":
-                self._slices.get(node, {}).pop(name, None)
-            else:
-                self._slices.setdefault(node, {})[name] = spec
-            self._changed(node)
-        event = {"ADDED": SLICE_ADD, "DELETED": SLICE_DELETE}.get(kind, SLICE_UPDATE)
-        self.queue.cluster_event(event, node)
-
-    def _replace_claims(self, pages: Iterable[list[dict]]) -> None:
-        claims = {(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): _trim_claim(c)
-                  for items in pages for c in items}
-        with self._lock:
-            self._claims, self._held = {}, {}
-            for key, claim in claims.items():
-                self._set_claim(key, claim)
-        self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)  # what changed unseen is not known: all may
-        self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
-
-    def _apply_claim(self, kind: str, claim: Mapping[str, Any]) -> None:
-        with self._lock:
-            if kind == "DELETED":
-                self._set_claim(_name(claim), None)
-            else:  # the watch's copy, unless this instance already holds a newer one it wrote
-                self._keep_claim(claim, from_watch=True)
-        if kind == "DELETED":
-            self.queue.cluster_event(CLAIM_DELETE, ANY_NODE)
-        elif kind == "MODIFIED":
-            self.queue.cluster_event(CLAIM_UPDATE, ANY_NODE)
+        return self.cache.gone_of(record)
 
     def records(self) -> list[Record]:
-        with self._lock:
-            return list(self._records.values())
+        return self.cache.records()
 
-    # -- this instance's own placements --------------------------------------------------------
+    # -- this instance's own placements and writes (the cache's) -----------------------------------
     def assume(self, info: PodInfo, snapshot: NodeSnapshot) -> bool:
-        """Count the pod on the node until the watch shows it there, if the node is still as the
-        attempt's snapshot saw it; False: it changed since, decide again (kube-scheduler's cache
-        generation), so two attempts of this instance never count the same free cpu or GPU twice."""
-        with self._lock:
-            if self._generation.get(snapshot.name, 0) != snapshot.generation:
-                return False
-            self._assumed.setdefault(snapshot.name, {})[info.uid] = info
-            self._changed(snapshot.name)
-            return True
+        return self.cache.assume(info, snapshot)
 
     def forget(self, node: str, uid: str) -> None:
-        with self._lock:
-            if self._assumed.get(node, {}).pop(uid, None) is not None:
-                self._changed(node)
+        self.cache.forget(node, uid)
 
     def wrote(self, lease: Mapping[str, Any]) -> None:
-        """A record this instance just wrote or read: seen at once, before its watch event."""
-        record = Record.of(lease)
-        if record is not None:
-            with self._lock:
-                known = self._records.get((record.node, record.device))
-                if known is None or _newer(record.resource_version, known.resource_version):
-                    self._set_record(record)
+        self.cache.wrote(lease)
 
-    def _set_record(self, record: Record) -> None:
-        """Inside the lock."""
-        self._records[(record.node, record.device)] = record
-        self._records_on.setdefault(record.node, {})[record.device] = record
-        self._changed(record.node)
-
-    def _drop_record(self, key: tuple[str, str]) -> None:
-        """Inside the lock."""
-        if self._records.pop(key, None) is not None:
-            self._records_on.get(key[0], {}).pop(key[1], None)
-            self._changed(key[0])
+    def wrote_claim(self, claim: Mapping[str, Any]) -> None:
+        self.cache.wrote_claim(claim)
 
     def observe_pending(self, pod: Mapping[str, Any]) -> str:
-        """A pending pod of ours seen outside the watch (an event's GET, a resync's listing)."""
-        uid = str(_meta(pod).get("uid") or "")
-        with self._lock:
-            if uid not in self._pending and uid not in self._node_of:
-                self._put_pending(uid, pod, len(json.dumps(pod)))
-        return uid
+        return self.cache.observe_pending(pod)
 
     def remember(self, ref) -> None:
-        """A pod an event named that could not be read (the API server is down): kept by name, so
-        the queue can read and place it once the API server answers; a listing replaces it."""
-        with self._lock:
-            if ref.uid not in self._pending and ref.uid not in self._node_of:
-                self._pending[ref.uid] = PendingPod(ref.namespace, ref.name)
-
-    # -- pods ------------------------------------------------------------------------------
-    def _replace_pods(self, pages: Iterable[list[dict]]) -> None:
-        pods_on: dict[str, dict[str, PodInfo]] = {}
-        pending: dict[str, PendingPod] = {}
-        pending_bytes = 0
-        for items in pages:
-            for pod in items:
-                uid, node = str(_meta(pod).get("uid") or ""), (pod.get("spec") or {}).get("nodeName")
-                if node:
-                    if not is_terminal(pod):  # a pod being deleted holds its node until it is gone
-                        pods_on.setdefault(node, {})[uid] = PodInfo.of(pod)
-                elif _is_pending_ours(pod):
-                    size = len(json.dumps(pod))
-                    kept = _trim(pod) if pending_bytes + size <= MAX_PENDING_BYTES else None
-                    pending_bytes += size if kept is not None else 0
-                    pending[uid] = PendingPod(*_name(pod), kept, _placement_fingerprint(pod), size if kept is not None else 0)
-        with self._lock:
-            left = {uid: node for uid, node in self._node_of.items()
-                    if uid not in pods_on.get(node, {})}
-            gone_pending = [uid for uid in self._pending if uid not in pending]
-            for node in set(self._pods_on) | set(pods_on):
-                self._changed(node)
-            self._pods_on = pods_on
-            self._listed = {node: NodeInfo.of(pods.values()) for node, pods in pods_on.items()}
-            self._node_of = {uid: node for node, pods in pods_on.items() for uid in pods}
-            for node, assumed in self._assumed.items():
-                for uid in [uid for uid in assumed if uid in self._node_of]:
-                    del assumed[uid]
-            self._pending, self._pending_bytes = pending, pending_bytes
-            self._workload_pending, self._assigned_of = {}, {}
-            for uid, entry in pending.items():
-                self._index_pending(uid, entry)
-            for pods in pods_on.values():
-                for uid, info in pods.items():
-                    self._assigned_of.setdefault(info.workload, {})[uid] = info.name
-        for uid, node in left.items():
-            self.queue.cluster_event(POD_LEAVES, node)
-        for uid in gone_pending:
-            self.queue.forget(uid)
-        for uid, entry in pending.items():  # a listing finds every pending pod: each is tried again
-            if entry.pod is None or self.admits(entry.pod):
-                self.queue.add(uid)
-
-    def _apply_pod(self, kind: str, pod: Mapping[str, Any]) -> None:
-        meta = _meta(pod)
-        uid, node = str(meta.get("uid") or ""), (pod.get("spec") or {}).get("nodeName")
-        left_node = None
-        queue_it = forget_it = False
-        with self._lock:
-            if kind == "DELETED" or (node and is_terminal(pod)):
-                left_node = self._remove_assigned(uid)
-                forget_it = self._drop_pending(uid)
-                if kind == "DELETED":
-                    self._saw_deleted(uid)
-                    if left_node is None:  # a pending pod: the records written for it hold nothing now
-                        left_node = next((r.node for r in self._records.values() if r.last_uid == uid), None)
-            elif node:
-                forget_it = self._drop_pending(uid)
-                before = self._node_of.get(uid)
-                if before is not None and before != node:
-                    left_node = self._remove_assigned(uid)
-                self._put_assigned(node, uid, PodInfo.of(pod))
-            elif _is_pending_ours(pod):
-                entry = self._pending.get(uid)
-                fingerprint = _placement_fingerprint(pod)
-                # a pod that PreEnqueue holds back (its gates) is kept, not queued; the update that
-                # removes its last gate changes its fingerprint, and queues it
-                queue_it = (entry is None or entry.fingerprint != fingerprint) and self.admits(pod)
-                self._put_pending(uid, pod, 0, fingerprint)
-            else:
-                forget_it = self._drop_pending(uid)
-        if left_node is not None:
-            self.queue.cluster_event(POD_LEAVES, left_node)
-        if forget_it:
-            self.queue.forget(uid)
-        if queue_it:
-            self.queue.add(uid)
-
-    def _saw_deleted(self, uid: str) -> None:
-        self.gone[uid] = None
-        while len(self.gone) > MAX_GONE:
-            self.gone.popitem(last=False)
-
-    def _put_pending(self, uid: str, pod: Mapping[str, Any], size: int = 0, fingerprint: str = "") -> None:
-        size = size or len(json.dumps(pod))
-        self._drop_pending(uid)
-        kept = _trim(pod) if self._pending_bytes + size <= MAX_PENDING_BYTES else None
-        if kept is not None:
-            self._pending_bytes += size
-        self._pending[uid] = PendingPod(*_name(pod), kept, fingerprint or _placement_fingerprint(pod),
-                                        size if kept is not None else 0)
-        self._index_pending(uid, self._pending[uid])
-
-    def _index_pending(self, uid: str, entry: PendingPod) -> None:
-        """Inside the lock: a pending pod, under its workload."""
-        if entry.pod is not None:
-            self._workload_pending.setdefault(workload(entry.pod), {})[uid] = None
-
-    def _drop_pending(self, uid: str) -> bool:
-        entry = self._pending.pop(uid, None)
-        if entry is not None:
-            self._pending_bytes -= entry.size
-            if entry.pod is not None:
-                key = workload(entry.pod)
-                members = self._workload_pending.get(key)
-                if members is not None and members.pop(uid, 0) is None and not members:
-                    del self._workload_pending[key]
-        return entry is not None
-
-    def _put_assigned(self, node: str, uid: str, info: PodInfo) -> None:
-        pods = self._pods_on.setdefault(node, {})
-        before = pods.get(uid)
-        if before == info:
-            return
-        pods[uid] = info
-        self._node_of[uid] = node
-        self._assigned_of.setdefault(info.workload, {})[uid] = info.name
-        # A pod added is one more; a changed one means summing again (rare: resizes).
-        self._listed[node] = (self._listed.get(node, NodeInfo()).plus(info) if before is None
-                              else NodeInfo.of(pods.values()))
-        self._assumed.get(node, {}).pop(uid, None)  # shown: no longer assumed
-        self._changed(node)
-
-    def _remove_assigned(self, uid: str) -> str | None:
-        node = self._node_of.pop(uid, None)
-        if node is None:
-            return None
-        pods = self._pods_on.get(node, {})
-        info = pods.pop(uid, None)
-        if info is not None:
-            of = self._assigned_of.get(info.workload, {})
-            of.pop(uid, None)
-            if not of:
-                self._assigned_of.pop(info.workload, None)
-        self._listed[node] = NodeInfo.of(pods.values())
-        self._assumed.get(node, {}).pop(uid, None)
-        self._changed(node)
-        return node
-
-    # -- nodes -----------------------------------------------------------------------------
-    def _replace_nodes(self, pages: Iterable[list[dict]]) -> None:
-        nodes = {str(_meta(n).get("name")): node_view(n) for items in pages for n in items}
-        with self._lock:
-            changed = [name for name, node in nodes.items() if self._nodes.get(name) != node]
-            for name in changed + [name for name in self._nodes if name not in nodes]:
-                self._changed(name)
-            self._nodes = nodes
-        for name in changed:
-            if self.on_node:
-                self.on_node(nodes[name])
-            self.queue.cluster_event(NODE_ADD, name)
-            self.queue.cluster_event(NODE_UPDATE, name)
-
-    def _apply_node(self, kind: str, node: Mapping[str, Any]) -> None:
-        name = str(_meta(node).get("name"))
-        view = node_view(node)
-        with self._lock:
-            before = self._nodes.get(name)
-            if kind == "DELETED":
-                self._nodes.pop(name, None)
-                self._changed(name)
-                return
-            if before == view:
-                return
-            self._nodes[name] = view
-            self._changed(name)
-        if self.on_node:
-            self.on_node(view)
-        self.queue.cluster_event(NODE_ADD if before is None else NODE_UPDATE, name)
-
-    # -- device records ----------------------------------------------------------------------
-    def _replace_records(self, pages: Iterable[list[dict]]) -> None:
-        records = {}
-        for items in pages:
-            for lease in items:
-                record = Record.of(lease)
-                if record is not None:
-                    records[(record.node, record.device)] = record
-        with self._lock:
-            freed = [key for key in self._records if key not in records]
-            for node in {key[0] for key in self._records} | {key[0] for key in records}:
-                self._changed(node)
-            self._records = records
-            self._records_on = {}
-            for (node, device), record in records.items():
-                self._records_on.setdefault(node, {})[device] = record
-        for key in freed:
-            _ungauge(key)
-            self.queue.cluster_event(RECORD_FREED, key[0])
-        for key in records:
-            _gauge(key)
-
-    def _apply_record(self, kind: str, lease: Mapping[str, Any]) -> None:
-        record = Record.of(lease)
-        if record is None:
-            return
-        key = (record.node, record.device)
-        with self._lock:
-            if kind == "DELETED":
-                self._drop_record(key)
-            else:
-                known = self._records.get(key)
-                if known is None or not _newer(known.resource_version, record.resource_version):
-                    self._set_record(record)
-        if kind == "DELETED":
-            _ungauge(key)
-            self.queue.cluster_event(RECORD_FREED, record.node)
-        else:
-            _gauge(key)
-            self.queue.cluster_event(RECORD_UPDATE, record.node)
-
-
-_gauged: set[tuple[str, str]] = set()  # the (node, device) label pairs GPUS_HELD has
-
-
-def _gauge(key: tuple[str, str]) -> None:
-    GPUS_HELD.labels(*key).set(1)
-    _gauged.add(key)
-
-
-def _ungauge(key: tuple[str, str]) -> None:
-    if key in _gauged:
-        GPUS_HELD.remove(*key)
-        _gauged.discard(key)
-
-
-def _newer(a: str, b: str, or_equal: bool = False) -> bool:
-    """resourceVersion a after b. Opaque by contract; etcd's revision numbers in every API server
-    there is: compared to keep the newer of two copies of one record (the precondition of the next
-    write settles any doubt), and to know a view is past a record (gone_of)."""
-    try:
-        return int(a) >= int(b) if or_equal else int(a) > int(b)
-    except ValueError:
-        return False
-
-
-def _trim(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = _meta(pod)
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    return pod
-
-
-def _name(pod: Mapping[str, Any]) -> tuple[str, str]:
-    return str(_meta(pod).get("namespace") or ""), str(_meta(pod).get("name") or "")
+        self.cache.remember(ref)
