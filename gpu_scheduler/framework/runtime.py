@@ -285,11 +285,10 @@ class Framework:
         if name is None:
             return self._cycle(pod, PodGroup(_name(pod), 1, (pod,)), cluster)
         with cluster.group_lock(name):  # one attempt per group at a time in this instance
-            group = self.group_of(pod, cluster)  # as it is after any attempt this one waited for
-            if cluster.assumed(pod):  # bound with its group by that attempt
-                done = Status(Code.SUCCESS, "", f"bound with {group.name}", already_bound=True)
-                return CycleOutcome(done, group, (Outcome(pod, done, "", BIND),))
-            return self._cycle(pod, group, cluster)
+            if cluster.assumed(pod):  # bound with its group by the attempt this one waited for
+                done = Status(Code.SUCCESS, "", f"bound with {name}", already_bound=True)
+                return CycleOutcome(done, PodGroup(name, 1, (pod,)), (Outcome(pod, done, "", BIND),))
+            return self._cycle(pod, self.group_of(pod, cluster), cluster)  # as it is after that attempt
 
     def _cycle(self, pod: Mapping[str, Any], group: PodGroup, cluster: Cluster) -> CycleOutcome:
         cluster.group_formed(group.pending)
@@ -354,9 +353,9 @@ class Framework:
             if result.blocked is not None:
                 waits_on = next(m for m in quorum.refused if m.pod is refusals[result.blocked].pod)
             break
-        node_of = {id(m.pod): m.decision.node_name for m in quorum.members}
-        members = tuple(Outcome(p, status, node_of.get(id(p), ""), phase,
-                                next((m.decision for m in quorum.members if m.pod is p), None))
+        decided = {id(m.pod): m.decision for m in quorum.members}
+        members = tuple(Outcome(p, status, decided[id(p)].node_name if id(p) in decided else "", phase,
+                                decided.get(id(p)))
                         for p in quorum.group.pending)
         waits = _outcome(waits_on, waits_on.decision.status) if waits_on else None
         if status.code is Code.ERROR and phase == POST_FILTER:
