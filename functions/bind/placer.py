@@ -329,7 +329,8 @@ class Placer:
         attempt = Attempt({"result": RETRY, "message": "not among the pods of its cycle"}, retry=True)
         for member in cycle.members:
             attempted = member.uid == ref.uid
-            settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again)
+            settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again,
+                                   decision if attempted else None)
             if attempted:
                 attempt = settled
             else:
@@ -341,7 +342,7 @@ class Placer:
                                  recorder=self.recorder, group_locks=self._group_locks)
 
     def _settle(self, ref: PodRef, cycle: CycleOutcome, outcome: Outcome, started: float, attempted: bool,
-                again: bool) -> Attempt:
+                again: bool, decision: Any = None) -> Attempt:
         """The shell's side of one pod's Outcome: its Events and condition, the log, and the
         queue's verdict. The same for a pod alone and for each member of a gang."""
         status = outcome.status
@@ -351,7 +352,8 @@ class Placer:
             if status.already_bound:
                 return Attempt(self._report(ref, ALREADY_BOUND, status.message, outcome.node))
             self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, outcome.node), "Binding")
-            for reason, warning in getattr(bind_decision(outcome.pod), "warnings", ()):
+            # the device warnings of the pod's entry (decided once at the attempt's start for the pod attempted)
+            for reason, warning in getattr(decision or bind_decision(outcome.pod), "warnings", ()):
                 self.recorder.event(ref, WARNING, reason, warning, "Binding")
             self._attempted("scheduled", started)  # each pod bound, a gang's members too
             return Attempt(self._report(ref, BOUND, "", outcome.node, time.perf_counter() - started))
