@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench import gang, profile, run as bench_run, scale  # modules: bench.run and bench.gang import this one
 from localcp.cluster import REPO, free_port
@@ -112,11 +113,14 @@ def wait_idle(stack: LocalStack, steady: float = 1.0, limit: float = 30.0) -> No
             sent, since = len(stack.source.sent), time.monotonic()
 
 
-def one_run(stack: LocalStack, binds: OneBind, tree: Path, n: int, baseline: int) -> dict:
-    """create_to_bound through a fresh bind from `tree`, once it is ready and quiet; with the CPU
-    bind's processes (master and worker) used from before the first create until all pods were
-    seen bound, the event source had sent the pods' last updates and bind was quiet again (it
-    writes its Events in the background), before the pods are deleted."""
+def measured(stack: LocalStack, binds: OneBind, tree: Path, pods: int, baseline: int,
+             workload: Callable[[Callable[[], None]], dict]) -> dict:
+    """`workload(after_bound)` placed by a fresh bind from `tree`, once it is ready and quiet; its
+    figures, with bind's CPU per placed pod: what bind's processes (master and worker) used from
+    before the workload began until all `pods` were seen bound, the event source had sent their
+    last updates and bind was quiet again (it writes its Events in the background), before the pods
+    are deleted. Then the deletions are delivered to this bind, not to the next, and its records
+    let go."""
     name, _, pid = binds.start(tree)
     try:
         def cpu() -> dict[str, float]:
@@ -129,13 +133,19 @@ def one_run(stack: LocalStack, binds: OneBind, tree: Path, n: int, baseline: int
             wait_idle(stack)
             scale.quiet(cpu, 10)
             used["cpu_s"] = profile.cpu_seconds(pid) - before
-        figures = bench_run.create_to_bound(stack, n, "bind", cpu=True, after_bound=settled)
-        figures["bind_cpu_ms_per_pod"] = 1000 * used["cpu_s"] / n
-        wait_idle(stack)  # the deletions delivered to this bind, not to the next
+        figures = workload(settled)
+        figures["bind_cpu_ms_per_pod"] = 1000 * used["cpu_s"] / pods
+        wait_idle(stack)
         binds.settle(baseline)
     finally:
         binds.stop(name)
     return figures
+
+
+def one_run(stack: LocalStack, binds: OneBind, tree: Path, n: int, baseline: int) -> dict:
+    """create_to_bound of `n` pods, created one after another, through a fresh bind from `tree`."""
+    return measured(stack, binds, tree, n, baseline,
+                    lambda settled: bench_run.create_to_bound(stack, n, "bind", cpu=True, after_bound=settled))
 
 
 def side_by_side(stack: LocalStack, before: str, reps: int, one) -> dict[str, list[dict]] | None:
@@ -189,30 +199,13 @@ def framework_cost(stack: LocalStack, n: int, reps: int, before: str = BEFORE) -
 
 def gang_run(stack: LocalStack, binds: OneBind, tree: Path, replicas: int, baseline: int) -> dict:
     """bench.gang.one_run's gang (a StatefulSet of `replicas`, gpu-scheduler/gang: "true") placed by
-    a fresh bind from `tree`, once it is ready and quiet; its timings, create-to-bound as pods/s,
-    and bind's CPU per placed pod, counted as one_run counts it (from before the StatefulSet is
-    created until every pod was seen bound, the event source had sent everything and bind was
-    quiet again), before the pods are deleted."""
-    name, _, pid = binds.start(tree)
-    try:
-        def cpu() -> dict[str, float]:
-            return {"bind": profile.cpu_seconds(pid)}
-        scale.quiet(cpu, 10)
-        before = profile.cpu_seconds(pid)
-        used: dict[str, float] = {}
-
-        def settled() -> None:
-            wait_idle(stack)
-            scale.quiet(cpu, 10)
-            used["cpu_s"] = profile.cpu_seconds(pid) - before
+    a fresh bind from `tree`: its timings, create-to-bound as pods/s, and bind's CPU per placed pod
+    (`measured`)."""
+    def placed(settled: Callable[[], None]) -> dict:
         figures = gang.one_run(stack, replicas, True, after_bound=settled)
         figures["bound_per_s"] = replicas / figures["create_to_bound_s"]
-        figures["bind_cpu_ms_per_pod"] = 1000 * used["cpu_s"] / replicas
-        wait_idle(stack)  # the deletions delivered to this bind, not to the next
-        binds.settle(baseline)
-    finally:
-        binds.stop(name)
-    return figures
+        return figures
+    return measured(stack, binds, tree, replicas, baseline, placed)
 
 
 def gang_cost(stack: LocalStack, replicas: int, reps: int, before: str = BEFORE_ISSUE_36) -> dict:
