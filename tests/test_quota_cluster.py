@@ -194,8 +194,9 @@ def test_plan_and_explain_show_the_namespaces_gpu_quota_and_its_use(stack, names
     quota(stack, namespace, {f"requests.{GPU}": "2"})
     manifest = mapped_statefulset(namespace, [f"{node}:0,1", f"{node}:2"])
     stack.apply(manifest)
-    stack.wait_for(lambda: quota_refusals(stack, namespace, "train"), 60, "the refusal of replica 1")
-    stack.wait_for(lambda: used(stack, namespace).get(f"requests.{GPU}") == "2", 30, "a use of 2")
+    # The state explain reads is the quota's use; the StatefulSet controller's refusal of replica 1 is
+    # an Event, which its recorder may drop under load (the first test here waits on that one).
+    stack.wait_for(lambda: used(stack, namespace).get(f"requests.{GPU}") == "2", 60, "a use of 2")
 
     code, out, err = run("explain", "pod/train-0", "-n", namespace, "--kubeconfig", reader, "-o", "json")
     answer = json.loads(out)
