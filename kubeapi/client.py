@@ -11,7 +11,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import quote as _quote_with_slash, urlencode
 
 import urllib3
@@ -21,6 +21,9 @@ from kubernetes.client.rest import should_bypass_proxies
 
 from kubeapi.errors import APIError
 from kubeapi.transport import Transport
+
+if TYPE_CHECKING:  # msgspec is bind's: mutate and the kubectl plugin decode in full
+    from kubeapi.projection import Decoder
 
 def quote(segment: str) -> str:
     """One path segment, escaped completely, so a name can never add, remove or climb segments
@@ -155,7 +158,7 @@ class Kube:
             return headers
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = JSON,
-              query: dict[str, str] | None = None) -> dict:
+              query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = json.loads) -> dict:
         headers = {"Accept": JSON, **self._auth_headers()}
         data = None
         if body is not None:
@@ -173,7 +176,7 @@ class Kube:
             raise APIError.unreachable(error, self.host) from error
         if not 200 <= status <= 299:
             raise APIError.of_response(status, reason, raw)
-        return json.loads(raw) if raw else {}
+        return decode(raw) if raw else {}
 
     @staticmethod
     def _pod(namespace: str, name: str) -> str:
@@ -189,13 +192,15 @@ class Kube:
     def list_pods(self, field_selector: str) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]
 
-    def watch(self, path: str, resource_version: str, seconds: int, **selectors: str) -> Iterator[tuple[str, dict, int]]:
+    def watch(self, path: str, resource_version: str, seconds: int, projection: Decoder | None = None,
+              **selectors: str) -> Iterator[tuple[str, dict, int]]:
         """The changes to the objects at `path` after `resource_version`, as (type, object, its
         size in bytes), for about `seconds` (the API server then ends the watch; a watch from the
         watch cache). Bookmarks included. An answer other than 200 raises APIError; an ERROR
         event (410 Gone: the version is too old) is yielded. Over the kubernetes package's pool:
         the stream holds its connection for minutes, which the kept-alive transport keeps for
-        short calls."""
+        short calls. `projection`: decode only the fields it declares (kubeapi/projection.py)."""
+        decode = projection.event if projection else json.loads
         query = urlencode({"watch": "1", **{k: v for k, v in selectors.items() if v}, "resourceVersion": resource_version,
                            "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)})
         try:
@@ -216,19 +221,21 @@ class Kube:
                     line = bytes(pending[start:end])
                     start = end + 1
                     if line.strip():
-                        event = json.loads(line)
+                        event = decode(line)
                         yield event.get("type") or "", event.get("object") or {}, len(line)
                 del pending[:start]
         finally:
             response.release_conn()
 
-    def list_pages(self, path: str, **selectors: str) -> Iterator[tuple[list[dict], str]]:
+    def list_pages(self, path: str, projection: Decoder | None = None, **selectors: str) -> Iterator[tuple[list[dict], str]]:
         """A listing of the objects at `path`, LIST_PAGE at a time, as (items, resourceVersion):
-        the version, where a watch of them starts, is the first page's (every page is of it)."""
+        the version, where a watch of them starts, is the first page's (every page is of it).
+        `projection`: decode only the fields it declares (kubeapi/projection.py)."""
+        decode = projection.listing if projection else json.loads
         query = {**{k: v for k, v in selectors.items() if v}, "limit": str(LIST_PAGE)}
         version = ""
         while True:
-            listing = self._call("GET", path, query=query)
+            listing = self._call("GET", path, query=query, decode=decode)
             meta = listing.get("metadata") or {}
             version = version or meta.get("resourceVersion") or ""
             yield listing.get("items") or [], version
@@ -239,17 +246,19 @@ class Kube:
     def list_namespaced_pods(self, namespace: str) -> Iterator[tuple[list[dict], str]]:
         return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods")
 
-    def list_all_pods(self) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages("/api/v1/pods")
+    def list_all_pods(self, projection: Decoder | None = None) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/pods", projection)
 
-    def watch_all_pods(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
-        return self.watch("/api/v1/pods", resource_version, seconds)
+    def watch_all_pods(self, resource_version: str, seconds: int,
+                       projection: Decoder | None = None) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/pods", resource_version, seconds, projection)
 
-    def list_nodes(self) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages("/api/v1/nodes")
+    def list_nodes(self, projection: Decoder | None = None) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/nodes", projection)
 
-    def watch_nodes(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
-        return self.watch("/api/v1/nodes", resource_version, seconds)
+    def watch_nodes(self, resource_version: str, seconds: int,
+                    projection: Decoder | None = None) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/nodes", resource_version, seconds, projection)
 
     @staticmethod
     def _leases(namespace: str) -> str:

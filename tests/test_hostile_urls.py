@@ -96,7 +96,8 @@ def test_every_call_is_covered():
 
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
-                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "dry_run": True, "resource_version": "1", "seconds": 1, "limit": 1, "uid": "u"}
+                 "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "dry_run": True, "resource_version": "1", "seconds": 1, "limit": 1, "uid": "u",
+                 "projection": None}
     parameters = inspect.signature(getattr(client, method)).parameters
     answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
     if inspect.isgenerator(answer):  # a watch: its request is made when it is read

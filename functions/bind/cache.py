@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 import json
+import time
 import threading
 from collections import OrderedDict
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping
+
+import msgspec
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.binding import placement_inputs
@@ -294,7 +296,7 @@ class Cache:
         uid = str(_meta(pod).get("uid") or "")
         with self._lock:
             if uid not in self._pending and uid not in self._node_of:
-                self._put_pending(uid, pod, len(json.dumps(pod)))
+                self._put_pending(uid, pod, _size(pod))
         return uid
 
     def remember(self, ref) -> None:
@@ -316,7 +318,7 @@ class Cache:
                     if not is_terminal(pod):  # a pod being deleted holds its node until it is gone
                         pods_on.setdefault(node, {})[uid] = PodInfo.of(pod)
                 elif _is_pending_ours(pod):
-                    size = len(json.dumps(pod))
+                    size = _size(pod)
                     kept = _trim(pod) if pending_bytes + size <= MAX_PENDING_BYTES else None
                     pending_bytes += size if kept is not None else 0
                     pending[uid] = PendingPod(*_name(pod), kept, _placement_fingerprint(pod), size if kept is not None else 0)
@@ -380,7 +382,7 @@ class Cache:
             self.gone.popitem(last=False)
 
     def _put_pending(self, uid: str, pod: Mapping[str, Any], size: int = 0, fingerprint: str = "") -> None:
-        size = size or len(json.dumps(pod))
+        size = size or _size(pod)
         self._drop_pending(uid)
         kept = _trim(pod) if self._pending_bytes + size <= MAX_PENDING_BYTES else None
         if kept is not None:
@@ -629,6 +631,15 @@ def _trim(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
     return pod
+
+
+def _size(pod: Mapping[str, Any]) -> int:
+    """Its JSON's length: what MAX_PENDING_BYTES counts (msgspec's encoder: an eighth of
+    json.dumps's CPU; json for a mapping that is not a dict, which msgspec does not encode)."""
+    try:
+        return len(msgspec.json.encode(pod))
+    except TypeError:
+        return len(json.dumps(pod, default=str))
 
 
 def _name(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -37,6 +37,7 @@ class Informer:
                  replace: Callable[[Iterable[list[dict]]], None], apply: Callable[[str, Mapping[str, Any]], None],
                  optional: bool = False):
         self.name = name
+        self._events_counted = WATCH_EVENTS.labels(name)  # once: labels() costs a lookup per event
         # An optional kind (DRA's, before Kubernetes 1.34) that the API server answers 404 for is an
         # empty view, synced, so that readiness does not wait for an API that will not come.
         self.optional = optional
@@ -111,7 +112,7 @@ class Informer:
             version = (obj.get("metadata") or {}).get("resourceVersion") or version
             seen += 1
             if kind != "BOOKMARK":
-                WATCH_EVENTS.labels(self.name).inc()
+                self._events_counted.inc()
                 self._apply(kind, obj)
             self.version = version
         if not seen and time.monotonic() - began < 1:  # list again, after the backoff: never a tight loop

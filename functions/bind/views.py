@@ -22,6 +22,7 @@ from gpu_scheduler.records import RECORD_SELECTOR, Record
 from cache import Cache, PendingPod
 from eventhandlers import EventHandlers
 from informers import Informer
+from kubeapi import projection
 from schedqueue import SchedulingQueue
 
 
@@ -36,8 +37,13 @@ class Views:
                            dra_served=lambda: all(i.served for i in self.informers if i.optional))
         self.handlers = handlers = EventHandlers(self.cache, queue, admits)
         self.informers = [
-            Informer("pods", api.list_all_pods, api.watch_all_pods, handlers.replace_pods, handlers.apply_pod),
-            Informer("nodes", api.list_nodes, api.watch_nodes, handlers.replace_nodes, handlers.apply_node),
+            # Pods and nodes, the bulk of what bind watches, decoded into only what it reads.
+            Informer("pods", lambda: api.list_all_pods(projection.PODS),
+                     lambda version, seconds: api.watch_all_pods(version, seconds, projection.PODS),
+                     handlers.replace_pods, handlers.apply_pod),
+            Informer("nodes", lambda: api.list_nodes(projection.NODES),
+                     lambda version, seconds: api.watch_nodes(version, seconds, projection.NODES),
+                     handlers.replace_nodes, handlers.apply_node),
             Informer("records", lambda: api.list_leases(namespace, RECORD_SELECTOR),
                      lambda version, seconds: api.watch_leases(namespace, RECORD_SELECTOR, version, seconds),
                      handlers.replace_records, handlers.apply_record),

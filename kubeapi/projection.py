@@ -1,0 +1,170 @@
+"""Watch events and listings of pods and nodes, decoded into only the fields bind reads.
+
+bind watches every pod and node of the cluster, and most of what it decodes is never read: a
+running pod's managed fields, container statuses, volumes and probes; a node's images and
+heartbeats. msgspec decodes a JSON document against a TypedDict and skips, in C, every key the
+TypedDict does not declare, so each object comes out as the same plain dicts and lists that
+`json.loads` gives, holding only the declared keys. No caller changes: the plugins read
+`pod["spec"]["nodeName"]` as before. (Measured against the standard library and against orjson
+plus a projection in Python by `python -m bench.decode`: docs/performance.md.)
+
+What is declared is what the plugins, the cache, the queue's hints, the gang, preemption and the
+Events read (a subtree the plugins read whole, such as affinity or a container's resources, is
+declared `Any` and kept whole). `tests/test_projection.py` keeps this list honest: it decodes
+captured and generated pods both ways and compares every plugin's verdict.
+
+Scalars are declared `Any`: a field of an unexpected type is the plugins' to judge, as with
+`json.loads` (they are total on odd shapes), never a decoding error. A document that is not
+shaped like an object where one is declared (which the API server never sends) is decoded in
+full with `json.loads` instead: nothing is lost, it costs only time.
+
+Objects decoded here must never be written back whole (an update would drop what is not
+declared): bind writes pods only with patches and subresources, and claims, which it updates
+whole, are decoded in full."""
+from __future__ import annotations
+
+import json
+from typing import Any, TypedDict
+
+import msgspec
+
+
+class OwnerReference(TypedDict, total=False):
+    apiVersion: Any
+    kind: Any
+    name: Any
+    uid: Any
+    controller: Any
+
+
+class ObjectMeta(TypedDict, total=False):
+    name: Any
+    generateName: Any
+    namespace: Any
+    uid: Any
+    resourceVersion: Any
+    creationTimestamp: Any
+    deletionTimestamp: Any
+    labels: Any
+    annotations: Any
+    ownerReferences: list[OwnerReference]
+    finalizers: Any
+
+
+class Container(TypedDict, total=False):
+    name: Any
+    resources: Any  # requests, limits, claims: fit and DRA read them whole
+    ports: Any  # hostPort, hostIP, protocol: NodePorts
+    env: Any  # the device variables mutate wrote: bind's device warnings read them
+    restartPolicy: Any  # an init container with Always is a sidecar: its requests and ports count
+
+
+class PodSpec(TypedDict, total=False):
+    nodeName: Any
+    schedulerName: Any
+    priority: Any
+    preemptionPolicy: Any
+    schedulingGates: Any
+    nodeSelector: Any
+    affinity: Any
+    tolerations: Any
+    containers: list[Container]
+    initContainers: list[Container]
+    overhead: Any
+    resources: Any  # pod-level resources (1.34 beta)
+    resourceClaims: Any
+    terminationGracePeriodSeconds: Any
+    restartPolicy: Any
+
+
+class PodCondition(TypedDict, total=False):
+    type: Any
+    status: Any
+    reason: Any
+    message: Any
+
+
+class PodStatus(TypedDict, total=False):
+    phase: Any
+    startTime: Any
+    nominatedNodeName: Any
+    conditions: list[PodCondition]
+    resourceClaimStatuses: Any
+
+
+class Pod(TypedDict, total=False):
+    apiVersion: Any
+    kind: Any
+    metadata: ObjectMeta
+    spec: PodSpec
+    status: PodStatus
+
+
+class NodeSpec(TypedDict, total=False):
+    unschedulable: Any
+    taints: Any
+
+
+class NodeCondition(TypedDict, total=False):
+    # Without its heartbeat and transition times: a status update that only renews them decodes
+    # to the node as it was, which is no event for bind (kube-scheduler's node hints ignore them).
+    type: Any
+    status: Any
+    reason: Any
+    message: Any
+
+
+class NodeStatus(TypedDict, total=False):
+    capacity: Any
+    allocatable: Any
+    conditions: list[NodeCondition]
+
+
+class Node(TypedDict, total=False):
+    apiVersion: Any
+    kind: Any
+    metadata: ObjectMeta
+    spec: NodeSpec
+    status: NodeStatus
+
+
+class PodEvent(TypedDict, total=False):
+    type: Any
+    object: Pod
+
+
+class NodeEvent(TypedDict, total=False):
+    type: Any
+    object: Node
+
+
+# `continue` is a keyword: TypedDict's functional form declares it.
+_ListMeta = TypedDict("_ListMeta", {"resourceVersion": Any, "continue": Any}, total=False)
+PodList = TypedDict("PodList", {"metadata": _ListMeta, "items": list[Pod]}, total=False)
+NodeList = TypedDict("NodeList", {"metadata": _ListMeta, "items": list[Node]}, total=False)
+
+
+class Decoder:
+    """One kind's projection: `event(line)` for a watch line, `listing(body)` for a list page.
+    An ERROR event's object is a Status, not the kind: it is decoded in full."""
+
+    def __init__(self, event_type: type, list_type: type):
+        self._event = msgspec.json.Decoder(event_type)
+        self._listing = msgspec.json.Decoder(list_type)
+
+    def event(self, line: bytes) -> dict:
+        try:
+            event = self._event.decode(line)
+        except msgspec.DecodeError:
+            return json.loads(line)  # raises as before on what is not JSON
+        return json.loads(line) if event.get("type") == "ERROR" else event
+
+    def listing(self, body: bytes) -> dict:
+        try:
+            return self._listing.decode(body)
+        except msgspec.DecodeError:
+            return json.loads(body)
+
+
+PODS = Decoder(PodEvent, PodList)
+NODES = Decoder(NodeEvent, NodeList)
