@@ -353,8 +353,9 @@ def release(version: str, url: str | None = None, out: Path = REPO / "dist", reg
     if not REGISTRY.fullmatch(registry):
         raise ReleaseError(f"IMAGE_REGISTRY: {registry!r} is not a registry and path an image name may start with"
                            " (lower case, e.g. registry.example.org/team)")
-    helm, out = find_helm(helm), out.resolve()  # resolved: pip runs in a directory of its own
+    out = out.resolve()  # pip runs in a directory of its own
     prepare(out)
+    helm = find_helm(helm)
     if "OWNER" in url:
         log(f"warning: the files will point at {url}: set RELEASE_URL to where they will be downloadable"
             " before publishing them")
