@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit venv controlplane bench install manifests clean
+.PHONY: demo test unit venv controlplane bench install manifests release clean
 .DEFAULT_GOAL := demo
 
 $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functions/mutate/requirements.txt pyproject.toml
@@ -45,6 +45,23 @@ install:  ## helm upgrade --install the chart (VALUES=my-values.yaml, INSTALL_NA
 manifests: venv  ## knative/*.yaml and functions/*/func.yaml, rendered from the chart with kind/values.yaml
 	bash localcp/build-helm.sh
 	$(PY) chart/manifests.py
+
+# A release's files, built into dist/ (docs/plugin-release.md). VERSION must be pyproject.toml's,
+# the one place the version is kept, and have an entry in CHANGELOG.md. RELEASE_URL: where the files
+# will be downloadable, which the chart index and the krew manifest point at (default
+# https://github.com/OWNER/gpu-scheduler/releases/download/vVERSION: set yours); IMAGE_REGISTRY: what
+# the images' names start with (default localhost).
+VERSION ?=
+RELEASE_URL ?=
+IMAGE_REGISTRY ?=
+ifneq ($(filter release,$(MAKECMDGOALS)),)
+ifeq ($(VERSION),)
+$(error VERSION=x.y.z is required for make release: pyproject.toml's version, with an entry in CHANGELOG.md)
+endif
+endif
+release: venv  ## dist/: the chart package and repository index, the images as OCI archives, the plugin's wheel, krew archive and manifest, release notes from CHANGELOG.md, SHA256SUMS (VERSION=x.y.z: pyproject's; RELEASE_URL, IMAGE_REGISTRY)
+	$(PY) -m release.build --version '$(VERSION)' --out dist $(if $(RELEASE_URL),--url '$(RELEASE_URL)') \
+		$(if $(IMAGE_REGISTRY),--image-registry '$(IMAGE_REGISTRY)') $(if $(HELM),--helm '$(HELM)')
 
 # KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
 include kind/kind.mk

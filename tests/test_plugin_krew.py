@@ -73,18 +73,28 @@ def release(out: Path, base_url: str = "https://downloads.example/gpu-scheduler/
 
 def test_the_manifest_has_what_krew_requires_but_the_release_placeholders():
     manifest = yaml.safe_load(MANIFEST.read_text())
-    assert krew_problems(manifest, MANIFEST.name) == ["sha256"], "only the placeholder is left to fill"
+    assert krew_problems(manifest, MANIFEST.name) == ["version", "sha256"], "only the placeholders are left to fill"
     [platform] = manifest["spec"]["platforms"]
-    assert (platform["uri"], platform["sha256"]) == (f"RELEASE_BASE_URL/kubectl-gpu_scheduler-v{VERSION}.tar.gz",
+    assert (platform["uri"], platform["sha256"]) == ("RELEASE_BASE_URL/kubectl-gpu_scheduler-vRELEASE_VERSION.tar.gz",
                                                      "RELEASE_ARCHIVE_SHA256")
     assert platform["bin"] == "kubectl-gpu_scheduler", "kubectl runs `gpu-scheduler` as kubectl-gpu_scheduler"
 
 
-def test_the_manifests_version_is_the_packages():
-    spec = yaml.safe_load(MANIFEST.read_text())["spec"]
-    assert spec["version"] == f"v{VERSION}" == f"v{tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['version']}"
-    assert f"pip install \\\n    RELEASE_BASE_URL/gpu_scheduler-{VERSION}-py3-none-any.whl" in spec["caveats"]
+def test_the_template_names_no_version_the_release_fills_in_the_packages(tmp_path):
+    """pyproject.toml is the one place the version is kept: the template has a placeholder, and the
+    manifest the release writes has pyproject's version, in spec.version, the uri and the caveats."""
+    text = MANIFEST.read_text()
+    assert VERSION not in text and re.search(r"\d+\.\d+\.\d+", text) is None
+    spec = yaml.safe_load(text)["spec"]
+    assert spec["version"] == "vRELEASE_VERSION"
+    assert "pip install \\\n    RELEASE_BASE_URL/gpu_scheduler-RELEASE_VERSION-py3-none-any.whl" in spec["caveats"]
     assert "pip" in spec["description"] and "Python package" in spec["description"]
+    archive, manifest = release(tmp_path)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert manifest["spec"]["version"] == f"v{VERSION}" == f"v{pyproject}"
+    assert archive.name == f"kubectl-gpu_scheduler-v{VERSION}.tar.gz"
+    assert (f"pip install \\\n    https://downloads.example/gpu-scheduler/v1/gpu_scheduler-{VERSION}-py3-none-any.whl"
+            in manifest["spec"]["caveats"])
 
 
 def test_the_release_step_fills_in_a_manifest_krew_accepts(tmp_path):

@@ -5,10 +5,11 @@
 BASE_URL is where the release's files will be downloadable. Writes, in OUT:
 - kubectl-gpu_scheduler-vX.tar.gz, the launcher (plugins/krew/kubectl-gpu_scheduler), without
   timestamps or owners: the same launcher gives the same bytes, so anyone can check the sha256;
-- gpu-scheduler.yaml, plugins/krew/gpu-scheduler.yaml with RELEASE_BASE_URL and
-  RELEASE_ARCHIVE_SHA256 filled in: the manifest to publish.
-The package's wheel, which the manifest's caveats name, is built beside them (docs/plugin-release.md).
-Refuses a manifest whose version is not pyproject.toml's. Exit status 2 with one line on errors.
+- gpu-scheduler.yaml, plugins/krew/gpu-scheduler.yaml with RELEASE_VERSION (pyproject.toml's
+  version, the one place it is kept), RELEASE_BASE_URL and RELEASE_ARCHIVE_SHA256 filled in: the
+  manifest to publish.
+The package's wheel, which the manifest's caveats name, is built beside them: `make release` does
+both (release/build.py, docs/plugin-release.md). Exit status 2 with one line on errors.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 PYPROJECT = HERE.parent.parent / "pyproject.toml"
 MANIFEST = HERE / "gpu-scheduler.yaml"
 LAUNCHER = HERE / "kubectl-gpu_scheduler"
-BASE_URL, ARCHIVE_SHA256 = "RELEASE_BASE_URL", "RELEASE_ARCHIVE_SHA256"
+VERSION, BASE_URL, ARCHIVE_SHA256 = "RELEASE_VERSION", "RELEASE_BASE_URL", "RELEASE_ARCHIVE_SHA256"
 MANIFEST_VERSION = re.compile(r"^  version: (\S+)$", re.MULTILINE)
 
 
@@ -57,20 +58,23 @@ def release(base_url: str, out: Path) -> tuple[Path, Path]:
     """The archive and the filled manifest, written into `out`."""
     if not re.fullmatch(r"https://[^\s]+", base_url):
         raise ReleaseError(f"--base-url: expected an https:// URL without spaces, found: {base_url}")
+    # The template names no version: it is pyproject.toml's, filled in here.
     version, text = f"v{package_version()}", MANIFEST.read_text()
     found = MANIFEST_VERSION.findall(text)
-    if found != [version]:
-        raise ReleaseError(f"{MANIFEST}: spec.version is {', '.join(found) or 'missing'}; pyproject.toml"
-                           f" says {version}: change the manifest's version (and its caveats) with the package's")
+    if found != [f"v{VERSION}"]:
+        raise ReleaseError(f"{MANIFEST}: spec.version is {', '.join(found) or 'missing'}; expected v{VERSION},"
+                           " filled in from pyproject.toml")
     name = f"kubectl-gpu_scheduler-{version}.tar.gz"
-    for expected in (f"uri: {BASE_URL}/{name}\n", f"sha256: {ARCHIVE_SHA256}\n", f"{BASE_URL}/{wheel()}\n"):
+    for expected in (f"uri: {BASE_URL}/kubectl-gpu_scheduler-v{VERSION}.tar.gz\n", f"sha256: {ARCHIVE_SHA256}\n",
+                     f"{BASE_URL}/gpu_scheduler-{VERSION}-py3-none-any.whl\n"):  # the wheel() pip builds
         if expected not in text:
             raise ReleaseError(f"{MANIFEST}: expected {expected.strip()} in it")
     data = archive(LAUNCHER.read_bytes())
     # The template's opening comment is about its placeholders; the published copy has none.
     body = text[text.index("apiVersion:"):]
     filled = (f"# Written by plugins/krew/release.py from plugins/krew/gpu-scheduler.yaml ({version}).\n"
-              + body.replace(BASE_URL, base_url.rstrip("/")).replace(ARCHIVE_SHA256, hashlib.sha256(data).hexdigest()))
+              + body.replace(VERSION, version[1:]).replace(BASE_URL, base_url.rstrip("/"))
+              .replace(ARCHIVE_SHA256, hashlib.sha256(data).hexdigest()))
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_bytes(data)
     (out / MANIFEST.name).write_text(filled)
