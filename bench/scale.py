@@ -44,6 +44,8 @@ from localcp.eventsource import Sender, ping_headers
 from localcp.stack import BIND_ACCOUNT, LocalStack
 
 BEFORE_REWRITE = "3efd3e2"  # main before bind's watch-fed queue and GPU Leases
+BEFORE_ISSUE_39 = "69da217"  # main before bind decoded only what it reads (kubeapi/projection.py)
+STATUS_UPDATES = 2000  # at most: status updates of pods bound elsewhere, per bind measured
 CREATORS = 16  # threads creating objects in bulk
 NODE_LEASES = "kube-node-lease"
 LEASE_RENEW_SECONDS = 15  # kubelets renew every 10 s; the node-lifecycle controller waits 40-50 s
@@ -368,7 +370,24 @@ def quiet(cpu, seconds: float = 30) -> None:
         last = now
 
 
+_probes = iter(range(10**6))
+
+
+def status_updates(api: Kube, cpu, who: str, pods: list[dict]) -> float:
+    """CPU ms that `who` uses per watched status update of a pod bound elsewhere (what a kubelet
+    writes all day: a condition changed), from before the first PATCH until it is quiet again."""
+    condition = {"type": "bench.example/probe", "status": "True" if next(_probes) % 2 == 0 else "False"}
+    before = cpu()
+    bench_run.parallel(lambda pod: api._call(
+        "PATCH", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}/status",
+        {"status": {"conditions": [condition]}}, MERGE_PATCH), pods, CREATORS)
+    quiet(cpu, 10)
+    return (cpu()[who] - before[who]) * 1000 / len(pods)
+
+
 def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
+    """bind (this tree) and kube-scheduler in turn on the same nodes and pods; then bind at
+    BEFORE_ISSUE_39 alone (two binds would race), on the same kind of pods."""
     nodes_n, pods_n, k, reps = SCALE_SIZES[size]
     name, url = binds.start()
     pids = {"bind": stack.cp.processes[name].pid, "kube-scheduler": stack.cp.processes["kube-scheduler"].pid}
@@ -384,9 +403,11 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
         figures["nodes_ready_s"] = time.perf_counter() - started
         ns = namespace(stack, "bulk")
         before = cpu()
-        _, figures["create_s"] = create_all(api, ns, [bulk_pod(i, nodes) for i in range(pods_n)])
+        bulk, figures["create_s"] = create_all(api, ns, [bulk_pod(i, nodes) for i in range(pods_n)])
         quiet(cpu)  # the watches deliver the last of them
         figures["cpu_ms_per_1000_created"] = {who: (t - before[who]) * 1e6 / pods_n for who, t in cpu().items()}
+        probed = bulk[:STATUS_UPDATES]
+        figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
         runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
         slot = 0
         for rep in range(reps):
@@ -405,6 +426,36 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
                     watch.stop()
                 slot += k
                 runs[scheduler].append({"cpu_s": after[scheduler] - before[scheduler], "create_to_all_bound_s": last - t0})
+        figures["status_update_cpu_ms"]["kube-scheduler"] = status_updates(api, cpu, "kube-scheduler", probed)
+        binds.stop(name, pods_deleted=False)
+        name = ""
+        before_bind = binds.start(BEFORE_ISSUE_39)
+        if before_bind is None:
+            figures["before"] = {"skipped": f"revision {BEFORE_ISSUE_39} is not in this clone"}
+        else:
+            name, url = before_bind
+            pids["bind before"] = stack.cp.processes[name].pid
+
+            def cpu_before() -> dict[str, float]:
+                return {"bind before": profile.cpu_seconds(pids["bind before"])}
+            quiet(cpu_before)  # its listing of every pod and node
+            figures["status_update_cpu_ms"]["bind before"] = status_updates(api, cpu_before, "bind before", probed)
+            runs["bind before"] = []
+            for rep in range(reps):
+                ns = namespace(stack, "before")
+                watch = bench_run.BoundWatch(stack, ns)
+                try:
+                    before, t0 = cpu_before(), time.perf_counter()
+                    create_all(api, ns, placed_pods("bind", range(slot, slot + k), nodes))
+                    ping(url)
+                    last = wait_all_bound(watch, k, url)
+                    quiet(cpu_before, 10)
+                    after = cpu_before()
+                finally:
+                    watch.stop()
+                slot += k
+                runs["bind before"].append({"cpu_s": after["bind before"] - before["bind before"],
+                                            "create_to_all_bound_s": last - t0})
         for scheduler, measured in runs.items():
             figures[scheduler] = {"cpu_ms_per_placement": 1000 * sum(r["cpu_s"] for r in measured) / (k * reps),
                                   "peak_rss_mb": peak_rss_mb(pids[scheduler]), "runs": measured}
@@ -414,7 +465,8 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
                                   for process in ("kube-apiserver", "etcd")}
     finally:
         leases.stop()
-        binds.stop(name, pods_deleted=False)
+        if name:
+            binds.stop(name, pods_deleted=False)
     return figures
 
 
@@ -466,9 +518,21 @@ def rows(results: dict) -> list[str]:
     if s:
         row(f"scale: {s['nodes']} nodes, {s['pods']} pods created (s, pods/s)",
             f"{s['create_s']:.0f} ({s['pods'] / s['create_s']:.0f}/s)")
-        for who in ("bind", "kube-scheduler"):
-            row(f"  {who}: CPU ms per placement ({s['placed_per_run']} x {s['runs']}), peak RSS MB",
-                f"{s[who]['cpu_ms_per_placement']:.2f}, {s[who]['peak_rss_mb']:.0f}")
+        for who in ("bind", "bind before", "kube-scheduler"):
+            if who in s:
+                row(f"  {who}: CPU ms per placement ({s['placed_per_run']} x {s['runs']}), peak RSS MB",
+                    f"{s[who]['cpu_ms_per_placement']:.2f}, {s[who]['peak_rss_mb']:.0f}")
+        if "skipped" in s.get("before", {}):
+            row(f"  bind at {BEFORE_ISSUE_39}", "skipped", s["before"]["skipped"])
+        ratio = s["bind"]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
+        row("  CPU per placement, bind / kube-scheduler", f"{ratio:.2f}", "<= 0.5", ratio <= 0.5)
+        if "bind before" in s:
+            before = s["bind before"]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
+            row(f"  CPU per placement, bind at {BEFORE_ISSUE_39} / kube-scheduler", f"{before:.2f}")
+        u = s["status_update_cpu_ms"]
+        row(f"  CPU ms per status update of a pod bound elsewhere, bind", f"{u['bind']:.3f}", "<= 0.3", u["bind"] <= 0.3)
+        row(f"    the same, bind at {BEFORE_ISSUE_39}; kube-scheduler",
+            f"{u.get('bind before', float('nan')):.3f}; {u['kube-scheduler']:.3f}")
         row("  create to all bound, bind / kube-scheduler (median s)", " / ".join(
             f"{statistics.median(r['create_to_all_bound_s'] for r in s[who]['runs']):.2f}" for who in ("bind", "kube-scheduler")))
         row("  peak RSS of kube-apiserver, etcd (MB); nodes tainted at the end",

@@ -185,12 +185,14 @@ class Kube:
     def bind(self, namespace: str, name: str, binding: dict) -> dict:
         return self._call("POST", self._pod(namespace, name) + "/binding", binding)
 
-    def read_pod(self, namespace: str, name: str, cached: bool = False) -> dict:
+    def read_pod(self, namespace: str, name: str, cached: bool = False, projection: Decoder | None = None) -> dict:
         """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""
-        return self._call("GET", self._pod(namespace, name), query={"resourceVersion": "0"} if cached else None)
+        return self._call("GET", self._pod(namespace, name), query={"resourceVersion": "0"} if cached else None,
+                          decode=projection.object if projection else json.loads)
 
-    def list_pods(self, field_selector: str) -> list[dict]:
-        return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector})["items"]
+    def list_pods(self, field_selector: str, projection: Decoder | None = None) -> list[dict]:
+        return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector},
+                          decode=projection.listing if projection else json.loads)["items"]
 
     def watch(self, path: str, resource_version: str, seconds: int, projection: Decoder | None = None,
               **selectors: str) -> Iterator[tuple[str, dict, int]]:

@@ -52,10 +52,10 @@ class ObjectMeta(TypedDict, total=False):
 
 
 class Container(TypedDict, total=False):
+    # Not env: bind reads none of it (explain shows the device variables from its own full read).
     name: Any
     resources: Any  # requests, limits, claims: fit and DRA read them whole
     ports: Any  # hostPort, hostIP, protocol: NodePorts
-    env: Any  # the device variables mutate wrote: bind's device warnings read them
     restartPolicy: Any  # an init container with Always is a sidecar: its requests and ports count
 
 
@@ -145,12 +145,22 @@ NodeList = TypedDict("NodeList", {"metadata": _ListMeta, "items": list[Node]}, t
 
 
 class Decoder:
-    """One kind's projection: `event(line)` for a watch line, `listing(body)` for a list page.
-    An ERROR event's object is a Status, not the kind: it is decoded in full."""
+    """One kind's projection: `object(body)` for a GET, `event(line)` for a watch line,
+    `listing(body)` for a list page. An ERROR event's object is a Status, not the kind: it is
+    decoded in full. bind reads every pod through PODS, so that two copies of one pod compare
+    alike (the Binding's retry compares the pod read after a conflict with the one decided on)."""
 
-    def __init__(self, event_type: type, list_type: type):
+    def __init__(self, object_type: type, event_type: type, list_type: type):
+        self._object = msgspec.json.Decoder(object_type)
         self._event = msgspec.json.Decoder(event_type)
         self._listing = msgspec.json.Decoder(list_type)
+
+    def object(self, body: bytes) -> dict:
+        """One object, as a GET answers it."""
+        try:
+            return self._object.decode(body)
+        except msgspec.DecodeError:
+            return json.loads(body)
 
     def event(self, line: bytes) -> dict:
         try:
@@ -166,5 +176,5 @@ class Decoder:
             return json.loads(body)
 
 
-PODS = Decoder(PodEvent, PodList)
-NODES = Decoder(NodeEvent, NodeList)
+PODS = Decoder(Pod, PodEvent, PodList)
+NODES = Decoder(Node, NodeEvent, NodeList)

@@ -298,7 +298,7 @@ def fake_bind(inprocess_apps):
         """bind reads the pod an event names (the event is a trigger): here the live pod is the
         one the test posted, so what bind decides is what the posted map says."""
 
-        def read_pod(self, namespace, name, cached=False):
+        def read_pod(self, namespace, name, cached=False, projection=None):
             self.calls.append(("read_pod", (namespace, name), {"cached": cached}))
             return copy.deepcopy(state.get("live"))
 

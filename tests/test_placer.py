@@ -18,6 +18,7 @@ from gpu_scheduler.records import GRACE_SECONDS, lease_for, record_name, workloa
 from gpu_scheduler.fit import workload
 from kubeapi.client import CALLS
 from kubeapi.errors import APIError
+from kubeapi.projection import PODS
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
 from placer import Placer  # noqa: E402
@@ -314,7 +315,8 @@ def test_an_event_for_a_watched_pod_is_placed_from_the_watch_as_the_api_server_h
 def test_an_event_for_a_pod_the_watch_has_not_shown_is_read_from_the_cache_then_etcd():
     placer, api = placer_with(read_pod=[api_error(404), copy.deepcopy(POD)])
     assert event_placed(placer)["result"] == "Bound"
-    assert [kwargs for _, kwargs in api.called("read_pod")] == [{"cached": True}, {}]
+    assert [kwargs for _, kwargs in api.called("read_pod")] == [{"cached": True, "projection": PODS},
+                                                                {"projection": PODS}]
 
 
 @pytest.mark.parametrize("answers, outcome", [

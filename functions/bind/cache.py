@@ -126,6 +126,10 @@ class Cache:
         self._pods_on: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod
         self._listed: dict[str, NodeInfo] = {}  # node -> its pods as a NodeInfo
         self._node_of: dict[str, str] = {}  # uid -> node, for assigned pods
+        # uid -> _accounted(pod) of an assigned pod as last taken from its watch: a status update
+        # that changes nothing PodInfo reads (most updates of pods bound elsewhere) is skipped
+        # without working out its PodInfo again. Kept with _node_of; emptied by a listing.
+        self._accounted_as: dict[str, int] = {}
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
         self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
@@ -331,6 +335,7 @@ class Cache:
             self._pods_on = pods_on
             self._listed = {node: NodeInfo.of(pods.values()) for node, pods in pods_on.items()}
             self._node_of = {uid: node for node, pods in pods_on.items() for uid in pods}
+            self._accounted_as = {}
             for node, assumed in self._assumed.items():
                 for uid in [uid for uid in assumed if uid in self._node_of]:
                     del assumed[uid]
@@ -350,7 +355,11 @@ class Cache:
         uid, node = str(meta.get("uid") or ""), (pod.get("spec") or {}).get("nodeName")
         left_node = None
         queue_it = forget_it = False
+        accounted = _accounted(pod) if node and kind != "DELETED" else None
         with self._lock:
+            if (accounted is not None and self._accounted_as.get(uid) == accounted and self._node_of.get(uid) == node
+                    and uid not in self._pending):
+                return NOTHING  # a status update of a pod bound there: nothing bind counts changed
             if kind == "DELETED" or (node and is_terminal(pod)):
                 left_node = self._remove_assigned(uid)
                 forget_it = self._drop_pending(uid)
@@ -364,6 +373,8 @@ class Cache:
                 if before is not None and before != node:
                     left_node = self._remove_assigned(uid)
                 self._put_assigned(node, uid, PodInfo.of(pod))
+                if accounted is not None:
+                    self._accounted_as[uid] = accounted
             elif _is_pending_ours(pod):
                 entry = self._pending.get(uid)
                 fingerprint = _placement_fingerprint(pod)
@@ -422,6 +433,7 @@ class Cache:
         self._changed(node)
 
     def _remove_assigned(self, uid: str) -> str | None:
+        self._accounted_as.pop(uid, None)
         node = self._node_of.pop(uid, None)
         if node is None:
             return None
@@ -631,6 +643,20 @@ def _trim(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
     return pod
+
+
+def _accounted(pod: Mapping[str, Any]) -> int | None:
+    """A fingerprint of what PodInfo.of and is_terminal read of an assigned pod: its metadata but
+    for its resourceVersion, its spec, its phase and start time (not the rest of its status, which
+    its kubelet rewrites). Python's hash of the encoded bytes: 64 bits of SipHash, compared only
+    with the same pod's previous fingerprint. None (always worked out again) for what msgspec does
+    not encode."""
+    meta, status = _meta(pod), pod.get("status") or {}
+    try:
+        return hash((msgspec.json.encode({k: v for k, v in meta.items() if k != "resourceVersion"}),
+                     msgspec.json.encode(pod.get("spec")), str(status.get("phase")), str(status.get("startTime"))))
+    except (TypeError, AttributeError):
+        return None
 
 
 def _size(pod: Mapping[str, Any]) -> int:

@@ -22,6 +22,7 @@ from gpu_scheduler.plugins.gang import WorkloadMembers
 from gpu_scheduler.records import Record, record_name
 from kubeapi.client import Kube
 from kubeapi.errors import APIError
+from kubeapi.projection import PODS
 from metrics import PREEMPTION_VICTIMS
 from views import Views
 
@@ -68,7 +69,7 @@ class AttemptHandle:
     # -- the pod -----------------------------------------------------------------------------
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
-            return self.api.read_pod(namespace, name)
+            return self.api.read_pod(namespace, name, projection=PODS)
         except APIError as error:
             if error.not_found and error.kind in ("pods", ""):
                 return None

@@ -34,6 +34,7 @@ from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
+from kubeapi.projection import PODS
 from advertiser import NodeAdvertiser
 from config import BindConfig, ConfigError
 from handle import AttemptHandle
@@ -218,7 +219,7 @@ class Placer:
 
     def _read_and_place(self, ref: PodRef, again: bool = True) -> Attempt:
         try:
-            pod = self.api.read_pod(ref.namespace, ref.name)
+            pod = self.api.read_pod(ref.namespace, ref.name, projection=PODS)
         except APIError as error:
             return self._unreadable(ref, error)
         if (pod.get("metadata") or {}).get("uid") != ref.uid:
@@ -249,11 +250,11 @@ class Placer:
         POD_READS.labels("get").inc()  # the watch has not shown it yet
         try:
             try:
-                live = self.api.read_pod(ref.namespace, ref.name, cached=True)
+                live = self.api.read_pod(ref.namespace, ref.name, cached=True, projection=PODS)
             except APIError as error:
                 if not error.not_found:
                     raise
-                live = self.api.read_pod(ref.namespace, ref.name)  # created after the cache's view
+                live = self.api.read_pod(ref.namespace, ref.name, projection=PODS)  # created after the cache's view
         except APIError as error:
             attempt = self._unreadable(ref, error)
             if attempt.retry:  # this instance keeps it: the queue retries, a redelivery would not help
@@ -288,7 +289,7 @@ class Placer:
 
     def _resync_once(self) -> dict[str, Any]:
         try:
-            pods = self.api.list_pods(PENDING_SELECTOR)
+            pods = self.api.list_pods(PENDING_SELECTOR, PODS)
         except APIError as error:
             # The watches list again by themselves once the API server answers: nothing to redeliver.
             return {"result": RETRY if error.transient else API_ERROR, "message": error.message}
