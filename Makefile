@@ -46,7 +46,7 @@ manifests: venv  ## knative/*.yaml and functions/*/func.yaml, rendered from the 
 	bash localcp/build-helm.sh
 	$(PY) chart/manifests.py
 
-# KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
+# KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see docs/kind.md)
 include kind/kind.mk
 
 clean:
