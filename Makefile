@@ -63,7 +63,7 @@ release: venv  ## dist/: the chart package and repository index, the images as O
 	$(PY) -m release.build --version '$(VERSION)' --out dist $(if $(RELEASE_URL),--url '$(RELEASE_URL)') \
 		$(if $(IMAGE_REGISTRY),--image-registry '$(IMAGE_REGISTRY)') $(if $(HELM),--helm '$(HELM)')
 
-# KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see README)
+# KinD + Knative: up, kind-up, images, deploy, check, verify, down (needs Docker; see docs/kind.md)
 include kind/kind.mk
 
 clean:

@@ -4,7 +4,7 @@ AdmissionReview). Everything else (health, metrics, wrong methods, anything unus
 through Flask and the function's Flask handler, unchanged.
 
 Why: per request, Flask, werkzeug and functions-framework's wrappers cost more of bind's CPU than
-bind's own decision (bench/profiles/, README "Performance"). Users still run
+bind's own decision (bench/profiles/, docs/performance.md). Users still run
 `functions-framework --target bind`: the function's module is executed by functions-framework
 inside its Flask app's context, and installs this there, in front of that app's WSGI callable.
 GPU_SCHEDULER_FAST_PATH=off leaves every request to Flask (tests/test_fastpath.py compares the two).

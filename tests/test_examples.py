@@ -1,5 +1,5 @@
-"""examples/ (the requests of the README's "Run a function locally") are the real captures and the
-shipped PingSource, and the functions answer them as the README says."""
+"""examples/ (the requests of docs/try-it.md's "Run a function locally") are the real captures and
+the shipped PingSource, and the functions answer them as that page says."""
 from __future__ import annotations
 
 import base64

@@ -2,7 +2,7 @@
 handlers fed random and adversarial maps, reviews and events.
 
 Every map is checked against `reference_parse` below, a second, regex-based statement of the
-grammar written from the README (not from schedmap.py): mutate admits a map exactly when the
+grammar written from docs/usage.md, "The map grammar" (not from schedmap.py): mutate admits a map exactly when the
 reference accepts it, sets exactly the reference's devices, and bind never posts a Binding for a
 map the reference refuses, nor to another node than the reference's. Neither handler ever answers
 a 5xx here: bind runs over a fake API that always answers (tests/test_placer.py's), so a 503 could
@@ -53,7 +53,7 @@ _ENTRY = re.compile(
 
 
 def reference_parse(text: str) -> dict[int, tuple[str, tuple[str, ...]]] | None:
-    """The grammar of the README, independently: {index: (node, devices)}, or None if invalid."""
+    """The grammar of docs/usage.md, independently: {index: (node, devices)}, or None if invalid."""
     if not isinstance(text, str) or len(text.encode("utf-8", "surrogatepass")) > 262144:
         return None
     entries: dict[int, tuple[str, tuple[str, ...]]] = {}

@@ -1,4 +1,4 @@
-"""Long-lived clients (README, "Hostile input: server settings"): one kept-alive connection, idle
+"""Long-lived clients (docs/hostile-input.md, "Server settings"): one kept-alive connection, idle
 10 s and then 95 s between requests, gets every answer, on every way this project runs mutate (and
 bind's image). kube-apiserver's webhook client, Knative's queue-proxy and the event adapters keep an
 idle connection for up to 90 s, and do not resend a POST that meets a connection the server has

@@ -97,6 +97,20 @@ def test_the_template_names_no_version_the_release_fills_in_the_packages(tmp_pat
             in manifest["spec"]["caveats"])
 
 
+def test_the_manifest_names_every_command_and_what_the_plugin_reads():
+    """What `kubectl krew info` shows: every subcommand, and every kind the plugin may read
+    (gpu_scheduler.permissions.PLUGIN)."""
+    from gpu_scheduler.permissions import PLUGIN
+
+    spec = yaml.safe_load(MANIFEST.read_text())["spec"]
+    for command in ("plan", "explain", "suggest"):
+        assert f"kubectl gpu-scheduler {command} " in spec["description"], command
+    caveats = " ".join(spec["caveats"].split()).lower()
+    for _group, resource, _verb in PLUGIN:
+        assert resource in caveats, f"the caveats do not say the plugin reads {resource}"
+    assert "only reads" in caveats and {verb for *_, verb in PLUGIN} <= {"get", "list"}
+
+
 def test_the_release_step_fills_in_a_manifest_krew_accepts(tmp_path):
     archive, manifest = release(tmp_path / "a", "https://downloads.example/gpu-scheduler/v1/")
     assert krew_problems(manifest, "gpu-scheduler.yaml") == []

@@ -19,7 +19,7 @@ parallel but for the last.
 
 Not compared here, because the two differ on purpose: a victim whose PodDisruptionBudget allows no
 disruption. kube-scheduler prefers other victims but deletes it when it must; bind evicts through
-the Eviction API, which keeps the budget, and so preempts nobody (README, "Priority and preemption";
+the Eviction API, which keeps the budget, and so preempts nobody (docs/usage.md, "Priority and preemption";
 test_preemption_cluster.py's PodDisruptionBudget case)."""
 from __future__ import annotations
 

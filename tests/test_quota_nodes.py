@@ -6,8 +6,8 @@ quota is created, and runs, once the quota is raised.
 The StatefulSet controller retries a refused creation with a growing backoff (its work queue's
 rate limiter: 5 ms doubling per failure, up to 1000 s), and a change of the quota is no event for
 it: after a while of refusals the replica may wait minutes for its next try. Any change of the
-StatefulSet starts a try at once; the README ("Quotas: who may take which GPUs") tells users to
-annotate it, and this test does what it says."""
+StatefulSet starts a try at once; docs/usage.md ("Quotas: who may take which GPUs") tells users
+to annotate it, and this test does what it says."""
 from __future__ import annotations
 
 import json

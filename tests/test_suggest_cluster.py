@@ -154,16 +154,17 @@ def test_dra_suggest_takes_devices_from_the_slices_under_one_pcie_root(stack, na
             f"{a} 0; {b} 2,3; each replica needs 3 on one node under one PCIe root") in err, err
 
 
-def test_the_readme_shows_what_suggest_prints_on_the_local_cluster(stack, monkeypatch):
-    """README 'Try it locally': `make demo` runs suggest on node1..node4 before the seed (localcp/demo.py
-    `suggested`); here on the same four nodes, 4 GPUs each, nothing held."""
+def test_try_it_shows_what_suggest_prints_on_the_local_cluster(stack, monkeypatch):
+    """docs/try-it.md (the README's "Try it" in full): `make demo` runs suggest on node1..node4
+    before the seed (localcp/demo.py `suggested`); here on the same four nodes, 4 GPUs each,
+    nothing held."""
     from localcp.demo import suggested
 
     monkeypatch.chdir(REPO)
     out = suggested(stack)
-    readme = (REPO / "README.md").read_text()
-    assert f"$ kubectl gpu-scheduler suggest -f check/statefulset.yaml --gpus 2\n{out}```" in readme
-    assert "With `--gpus 3` only four replicas fit, one a node: it exits 1" in readme
+    page = (REPO / "docs" / "try-it.md").read_text()
+    assert f"$ kubectl gpu-scheduler suggest -f check/statefulset.yaml --gpus 2\n{out}```" in page
+    assert "With `--gpus 3` only four replicas fit, one a node: it exits 1" in page
     code, out, err = run("suggest", "-f", "check/statefulset.yaml", "--gpus", "3", "--kubeconfig",
                          str(stack.cp.kubeconfig))
     assert (code, out) == (1, "")

@@ -32,7 +32,7 @@ REQUEST_SECONDS = float(os.environ.get("REQUEST_TIMEOUT_SECONDS", "4"))
 # decided HEAVY_AT_ONCE at a time: under the GIL their CPU time would otherwise be taken from every
 # small review, and their memory (about 10 times the body while decoded) would add up per thread.
 # One waits at most HEAVY_WAIT_SECONDS, inside the 4 s request timeout, then gets 503 (busy).
-# Measured (README, "Hostile input: server settings"): with 1, good reviews' p99 under attack fell
+# Measured (docs/hostile-input.md, "Server settings"): with 1, good reviews' p99 under attack fell
 # from 0.8 s to 0.2 s and peak memory from 113 to 87 MiB.
 HEAVY_BODY = 128 * 1024
 HEAVY_AT_ONCE = int(os.environ.get("HEAVY_AT_ONCE", "1"))
