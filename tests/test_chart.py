@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 
 import pytest
@@ -212,7 +213,7 @@ def test_defaults(helm):
     docs = render(helm, "default")
     assert install_namespace(docs) == manifests.NAMESPACE, "the release's namespace (helm --namespace)"
     assert not [doc for doc in docs if doc["kind"] == "Namespace"]
-    assert containers(docs, "bind")["bind"]["image"] == "registry.example.com/gpu-scheduler/bind:0.1.0", "the appVersion"
+    assert containers(docs, "bind")["bind"]["image"] == f"registry.example.com/gpu-scheduler/bind:{VERSION}", "the appVersion"
     assert find(docs, "PingSource", "resync")["spec"]["schedule"] == "* * * * *"
     assert "CACerts" not in find(docs, "PingSource", "resync")["spec"]["sink"]
     bind_env = env(containers(docs, "bind")["bind"])
@@ -346,6 +347,58 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
     finally:
         server.terminate()
         server.communicate(timeout=10)
+
+
+# -- one version -----------------------------------------------------------------------------
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+SEMVER = re.compile(r"v?\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?")
+
+
+def test_the_chart_carries_pyprojects_version():
+    """One version, pyproject.toml's: the chart's version and appVersion (the images' default tag,
+    every object's app.kubernetes.io/version) are it."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION), (
+        f"Chart.yaml's version and appVersion must be pyproject.toml's {VERSION}")
+
+
+def image_tags(node, path: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every image tag a values file sets, by where: {"bind.image.tag": "0.1.0", ...}."""
+    tags = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "image" and isinstance(value, dict) and "tag" in value:
+                tags[".".join((*path, "image", "tag"))] = str(value["tag"])
+            tags.update(image_tags(value, (*path, str(key))))
+    return tags
+
+
+@pytest.mark.parametrize("path", [CHART / "values.yaml", *CI_VALUES.values(), REPO / "argocd" / "values.yaml"],
+                         ids=lambda path: str(path.relative_to(REPO)))
+def test_image_tags_that_are_versions_are_pyprojects(path):
+    """The chart's default tags are empty (the appVersion); a values file of this repository that
+    pins a release's tag pins this one (a tag such as dev or 2026.11-rc1 is not a version)."""
+    tags = image_tags(yaml.safe_load(path.read_text()))
+    if path == CHART / "values.yaml":
+        assert set(tags.values()) <= {""}, "the chart's default image tags: empty, so the appVersion"
+    versions = {where: tag for where, tag in tags.items() if SEMVER.fullmatch(tag)}
+    assert {where: tag.removeprefix("v") for where, tag in versions.items()} == dict.fromkeys(versions, VERSION)
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_every_object_has_the_recommended_labels(helm, values):
+    docs = render(helm, values)
+    assert docs
+    for doc in docs:
+        labels = doc["metadata"].get("labels") or {}
+        assert {key: labels.get(key) for key in RECOMMENDED} == {
+            "app.kubernetes.io/name": "gpu-scheduler", "app.kubernetes.io/instance": manifests.RELEASE,
+            "app.kubernetes.io/version": VERSION, "app.kubernetes.io/managed-by": "Helm",
+        }, f"{doc['kind']} {doc['metadata']['name']}"
+
+
+RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+               "app.kubernetes.io/managed-by")
 
 
 # -- one source of truth ---------------------------------------------------------------------

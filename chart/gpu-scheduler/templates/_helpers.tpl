@@ -13,9 +13,12 @@ configuration): the release name, with the chart's name unless it already holds 
 {{- end -}}
 {{- end -}}
 
+{{/* Every object's labels. The version is the chart's appVersion, which is pyproject.toml's
+version (tests/test_chart.py fails when they drift). */}}
 {{- define "gpu-scheduler.labels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
