@@ -112,6 +112,17 @@ def test_images_are_required(helm, given, missing):
     ("bnd.threads=4", "bnd"),
     ("webhook.directService.targetPort=8112", "targetPort"),
     ("namespace.name=Not_A_Name", "name"),
+    # the pods' knobs: a misspelled one, or a misspelled field inside one, is refused, not ignored
+    ("bind.nodeSelectr.pool=system", "nodeSelectr"),
+    ("mutate.imagePullSecret[0].name=regcred", "imagePullSecret"),
+    ("bind.imagePullSecrets[0]=regcred", "imagePullSecrets"),  # [{name: regcred}]
+    ("mutate.tolerations[0].efect=NoSchedule", "efect"),
+    ("bind.tolerations[0].operator=Equals", "operator"),
+    ("bind.affinity.nodeAfinity.x=y", "nodeAfinity"),
+    ("mutate.affinity.nodeAffinity.requiredDuringScheduling.x=y", "requiredDuringScheduling"),
+    ("bind.priorityClassName=High_Priority", "priorityClassName"),
+    ("mutate.podAnnotation.a=b", "podAnnotation"),
+    ("bind.resources.limit.memory=1Gi", "limit"),
 ])
 def test_schema_refuses(helm, setting, why):
     error = helm_error(helm, "-f", str(CI_VALUES["default"]), "--set", setting)
@@ -193,6 +204,64 @@ def test_custom_values_reach_the_objects(helm):
     certificate = find(docs, "Certificate", "gpu-mutate")
     assert certificate["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corporate-ca"}
     assert not [doc for doc in docs if doc["kind"] == "Issuer"], "a given issuer: no CA of our own"
+
+
+# The knobs of each function's pods: in its Knative Service's revision template, and nowhere else.
+POD_KNOBS = {
+    "imagePullSecrets": [{"name": "team-registry"}],
+    "priorityClassName": "system-cluster-critical",
+    "nodeSelector": {"node.example.com/pool": "system"},
+    "tolerations": [{"key": "node.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "node.example.com/pool", "operator": "In", "values": ["system"]}]}]}}},
+}
+FUNCTIONS = ("bind", "mutate")
+
+
+def revision(docs: list[dict], ksvc: str) -> dict:
+    """The revision template of Knative Service `ksvc`: its pods' metadata and spec."""
+    return find(docs, "Service", ksvc)["spec"]["template"]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+@pytest.mark.parametrize("knob", sorted(POD_KNOBS))
+def test_each_pod_knob_reaches_its_functions_pods_only(helm, function, knob):
+    """`<function>.<knob>` set alone: the function's revision template has it as given, the other
+    function's has nothing of it."""
+    docs = template(helm, "-f", str(CI_VALUES["default"]), "--set-json", f"{function}.{knob}={json.dumps(POD_KNOBS[knob])}")
+    [other] = set(FUNCTIONS) - {function}
+    assert revision(docs, function)["spec"][knob] == POD_KNOBS[knob]
+    assert knob not in revision(docs, other)["spec"]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_pod_annotations_and_resources_reach_every_container_of_the_function(helm, function):
+    resources = {"requests": {"cpu": "200m", "memory": "100Mi"}, "limits": {"memory": "1Gi"}}
+    docs = template(helm, "-f", str(CI_VALUES["direct-service"]), "--set-json", f"{function}.resources={json.dumps(resources)}",
+                    "--set", f"{function}.podAnnotations.example\\.com/team=gpu")
+    [other] = set(FUNCTIONS) - {function}
+    assert revision(docs, function)["metadata"]["annotations"]["example.com/team"] == "gpu"
+    assert "example.com/team" not in revision(docs, other)["metadata"]["annotations"]
+    assert [c["resources"] for c in containers(docs, function).values()] == [resources] * len(containers(docs, function))
+    assert resources not in [c["resources"] for c in containers(docs, other).values()]
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_pod_knobs_render_exactly_what_is_set(helm, values):
+    """Each values file's knobs, as given, where it sets them; nothing where it does not (the
+    defaults are empty): a revision template holds no key the values did not ask for."""
+    docs, settings = render(helm, values), values_of(values)
+    for function in FUNCTIONS:
+        given = settings.get(function, {})
+        spec = revision(docs, function)["spec"]
+        assert {knob: spec[knob] for knob in POD_KNOBS if knob in spec} == {
+            knob: given[knob] for knob in POD_KNOBS if knob in given}, function
+        assert set(spec) - set(POD_KNOBS) <= {"serviceAccountName", "containers", "volumes"}, function
+        annotations = revision(docs, function)["metadata"]["annotations"]
+        assert {k: v for k, v in annotations.items() if not k.startswith("autoscaling.knative.dev/")} == (
+            given.get("podAnnotations") or {}), function
+    assert any(knob in settings.get(f, {}) for f in FUNCTIONS for knob in POD_KNOBS) == (values == "custom"), (
+        "custom-values.yaml sets the knobs (linted and dry-run on the API server); the others leave the defaults")
 
 
 @pytest.mark.parametrize("values, quota", [("default", "true"), ("nvidia", "false")])

@@ -103,3 +103,29 @@ securityContext:
 autoscaling.knative.dev/min-scale: {{ $scale.min | quote }}
 autoscaling.knative.dev/max-scale: {{ $scale.max | quote }}
 {{- end -}}
+
+
+{{/* The pod-level settings of one kind of pod, from its values (bind, mutate, test):
+imagePullSecrets, priorityClassName, nodeSelector, tolerations, affinity; nothing for what is
+empty. include "gpu-scheduler.podSettings" .Values.bind */}}
+{{- define "gpu-scheduler.podSettings" -}}
+{{- with .imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
