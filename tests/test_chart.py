@@ -1,8 +1,10 @@
 """The Helm chart (chart/gpu-scheduler): `helm lint`, `helm template` with each values file of
 chart/gpu-scheduler/ci/, every rendered object against its schema offline and accepted by the
 real 1.34 API server holding the real Knative and cert-manager CRDs, RBAC equal to
-gpu_scheduler.permissions, the values reaching the objects, the two webhook paths, and the files
-rendered from the chart (knative/*.yaml, functions/*/func.yaml) not drifting from it.
+gpu_scheduler.permissions, the values reaching the objects (the pods' knobs exactly where set),
+the two webhook paths, the `helm test` hook (its command run as its account on the real API
+server), one version (pyproject.toml's) in the chart and on every object, and the files rendered
+from the chart (knative/*.yaml, functions/*/func.yaml) not drifting from it.
 
 helm is the one localcp/build-helm.sh builds (`make controlplane`); without it these are skipped.
 """
@@ -19,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 
 import pytest
@@ -78,10 +81,12 @@ def test_the_values_files_cover_the_cases():
 
 
 # -- helm lint and the schema ----------------------------------------------------------------
-@pytest.mark.parametrize("values", sorted(CI_VALUES))
+@pytest.mark.parametrize("values", ["chart-defaults", *sorted(CI_VALUES)])
 def test_lint(helm, values):
-    result = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(CI_VALUES[values])],
-                            capture_output=True, text=True, timeout=120)
+    """`helm lint --strict` with the chart's own defaults (lint does not fail on the required
+    images) and with each values file of ci/."""
+    files = [] if values == "chart-defaults" else ["-f", str(CI_VALUES[values])]
+    result = subprocess.run([helm, "lint", "--strict", str(CHART), *files], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -111,6 +116,20 @@ def test_images_are_required(helm, given, missing):
     ("bnd.threads=4", "bnd"),
     ("webhook.directService.targetPort=8112", "targetPort"),
     ("namespace.name=Not_A_Name", "name"),
+    # the pods' knobs: a misspelled one, or a misspelled field inside one, is refused, not ignored
+    ("bind.nodeSelectr.pool=system", "nodeSelectr"),
+    ("mutate.imagePullSecret[0].name=regcred", "imagePullSecret"),
+    ("bind.imagePullSecrets[0]=regcred", "imagePullSecrets"),  # [{name: regcred}]
+    ("mutate.tolerations[0].efect=NoSchedule", "efect"),
+    ("bind.tolerations[0].operator=Equals", "operator"),
+    ("bind.affinity.nodeAfinity.x=y", "nodeAfinity"),
+    ("mutate.affinity.nodeAffinity.requiredDuringScheduling.x=y", "requiredDuringScheduling"),
+    ("bind.priorityClassName=High_Priority", "priorityClassName"),
+    ("mutate.podAnnotation.a=b", "podAnnotation"),
+    ("bind.resources.limit.memory=1Gi", "limit"),
+    ("test.enabeld=false", "enabeld"),
+    ("test.node=Not_A_Node", "node"),
+    ("test.nodeSelectr.pool=system", "nodeSelectr"),
 ])
 def test_schema_refuses(helm, setting, why):
     error = helm_error(helm, "-f", str(CI_VALUES["default"]), "--set", setting)
@@ -194,6 +213,64 @@ def test_custom_values_reach_the_objects(helm):
     assert not [doc for doc in docs if doc["kind"] == "Issuer"], "a given issuer: no CA of our own"
 
 
+# The knobs of each function's pods: in its Knative Service's revision template, and nowhere else.
+POD_KNOBS = {
+    "imagePullSecrets": [{"name": "team-registry"}],
+    "priorityClassName": "system-cluster-critical",
+    "nodeSelector": {"node.example.com/pool": "system"},
+    "tolerations": [{"key": "node.example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "node.example.com/pool", "operator": "In", "values": ["system"]}]}]}}},
+}
+FUNCTIONS = ("bind", "mutate")
+
+
+def revision(docs: list[dict], ksvc: str) -> dict:
+    """The revision template of Knative Service `ksvc`: its pods' metadata and spec."""
+    return find(docs, "Service", ksvc)["spec"]["template"]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+@pytest.mark.parametrize("knob", sorted(POD_KNOBS))
+def test_each_pod_knob_reaches_its_functions_pods_only(helm, function, knob):
+    """`<function>.<knob>` set alone: the function's revision template has it as given, the other
+    function's has nothing of it."""
+    docs = template(helm, "-f", str(CI_VALUES["default"]), "--set-json", f"{function}.{knob}={json.dumps(POD_KNOBS[knob])}")
+    [other] = set(FUNCTIONS) - {function}
+    assert revision(docs, function)["spec"][knob] == POD_KNOBS[knob]
+    assert knob not in revision(docs, other)["spec"]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_pod_annotations_and_resources_reach_every_container_of_the_function(helm, function):
+    resources = {"requests": {"cpu": "200m", "memory": "100Mi"}, "limits": {"memory": "1Gi"}}
+    docs = template(helm, "-f", str(CI_VALUES["direct-service"]), "--set-json", f"{function}.resources={json.dumps(resources)}",
+                    "--set", f"{function}.podAnnotations.example\\.com/team=gpu")
+    [other] = set(FUNCTIONS) - {function}
+    assert revision(docs, function)["metadata"]["annotations"]["example.com/team"] == "gpu"
+    assert "example.com/team" not in revision(docs, other)["metadata"]["annotations"]
+    assert [c["resources"] for c in containers(docs, function).values()] == [resources] * len(containers(docs, function))
+    assert resources not in [c["resources"] for c in containers(docs, other).values()]
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_pod_knobs_render_exactly_what_is_set(helm, values):
+    """Each values file's knobs, as given, where it sets them; nothing where it does not (the
+    defaults are empty): a revision template holds no key the values did not ask for."""
+    docs, settings = render(helm, values), values_of(values)
+    for function in FUNCTIONS:
+        given = settings.get(function, {})
+        spec = revision(docs, function)["spec"]
+        assert {knob: spec[knob] for knob in POD_KNOBS if knob in spec} == {
+            knob: given[knob] for knob in POD_KNOBS if knob in given}, function
+        assert set(spec) - set(POD_KNOBS) <= {"serviceAccountName", "containers", "volumes"}, function
+        annotations = revision(docs, function)["metadata"]["annotations"]
+        assert {k: v for k, v in annotations.items() if not k.startswith("autoscaling.knative.dev/")} == (
+            given.get("podAnnotations") or {}), function
+    assert any(knob in settings.get(f, {}) for f in FUNCTIONS for knob in POD_KNOBS) == (values == "custom"), (
+        "custom-values.yaml sets the knobs (linted and dry-run on the API server); the others leave the defaults")
+
+
 @pytest.mark.parametrize("values, quota", [("default", "true"), ("nvidia", "false")])
 def test_quota_setting_reaches_mutate_and_bind(helm, values, quota):
     docs = render(helm, values)
@@ -212,7 +289,7 @@ def test_defaults(helm):
     docs = render(helm, "default")
     assert install_namespace(docs) == manifests.NAMESPACE, "the release's namespace (helm --namespace)"
     assert not [doc for doc in docs if doc["kind"] == "Namespace"]
-    assert containers(docs, "bind")["bind"]["image"] == "registry.example.com/gpu-scheduler/bind:0.1.0", "the appVersion"
+    assert containers(docs, "bind")["bind"]["image"] == f"registry.example.com/gpu-scheduler/bind:{VERSION}", "the appVersion"
     assert find(docs, "PingSource", "resync")["spec"]["schedule"] == "* * * * *"
     assert "CACerts" not in find(docs, "PingSource", "resync")["spec"]["sink"]
     bind_env = env(containers(docs, "bind")["bind"])
@@ -348,6 +425,243 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
         server.communicate(timeout=10)
 
 
+# -- helm test -------------------------------------------------------------------------------
+# The plugin's reads (permissions.PLUGIN), bind's records among them: those only in the install
+# namespace, where bind keeps them.
+PLUGIN_RECORDS = frozenset(p for p in permissions.PLUGIN if p[0] == "coordination.k8s.io")
+READS = {"get", "list", "watch"}
+SCRIPT = next(iter(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]))
+TEST_OBJECTS = {("ServiceAccount", "plan-test"), ("ClusterRole", "gpu-scheduler-plan-test"),
+                ("ClusterRoleBinding", "gpu-scheduler-plan-test"), ("Role", "plan-test"), ("RoleBinding", "plan-test"),
+                ("Pod", "plan-test")}
+
+
+def plan_test_objects(docs: list[dict]) -> set[tuple[str, str]]:
+    return {(doc["kind"], doc["metadata"]["name"]) for doc in docs if "plan-test" in doc["metadata"]["name"]}
+
+
+def expanded_env(container: dict, node: str) -> dict[str, str]:
+    """The container's environment as the kubelet gives it, the node the pod runs on being
+    `node`: $(VAR) of an earlier variable replaced, as in a pod."""
+    env: dict[str, str] = {}
+    for variable in container["env"]:
+        if "valueFrom" in variable:
+            assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, variable
+            env[variable["name"]] = node
+        else:
+            env[variable["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], variable["value"])
+    return env
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_helm_test_is_a_hook_pod_that_runs_plan_cluster(helm, values):
+    docs = render(helm, values)
+    namespace = install_namespace(docs)
+    assert plan_test_objects(docs) == TEST_OBJECTS
+    hooks = [doc for doc in docs if "helm.sh/hook" in (doc["metadata"].get("annotations") or {})]
+    assert hooks == [find(docs, "Pod", "plan-test")], "the Pod is the one hook; its account and RBAC belong to the release"
+    pod = hooks[0]
+    assert pod["metadata"]["namespace"] == namespace
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    # Kept (for `helm test --logs`, which reads it after the hooks ran) until the next test replaces it.
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    spec = pod["spec"]
+    assert (spec["serviceAccountName"], spec["restartPolicy"]) == ("plan-test", "Never")
+    [container] = spec["containers"]
+    # bind's image, which holds the plugin (Dockerfile.bind), and its pull policy.
+    assert container["image"] == containers(docs, "bind")["bind"]["image"]
+    assert container["imagePullPolicy"] == containers(docs, "bind")["bind"]["imagePullPolicy"]
+    # Non-root, read-only, nothing more: as the functions' containers.
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == containers(docs, "bind")["bind"]["securityContext"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["command"] == ["/bin/sh", "-c"]
+    assert f"| {SCRIPT} plan --cluster -f -" in container["args"][0], "the console script pyproject.toml installs"
+    env = expanded_env(container, "node3")
+    settings = values_of(values)
+    assert env["GPU_SCHEDULER_NAMESPACE"] == namespace, "bind's records: where the chart puts them"
+    assert env["GPU_SCHEDULER_QUOTA"] == str(settings.get("quota", {}).get("enabled", True)).lower()
+    assert env["GPU_SCHEDULER_DRA_DEVICE_CLASS"] == settings.get("dra", {}).get("deviceClass", "gpu.nvidia.com")
+    assert env.get("GPU_SCHEDULER_DRA_DEVICE_RULES", "") == settings.get("dra", {}).get("deviceRules", "")
+    manifest = yaml.safe_load(env["PLAN_MANIFEST"])
+    assert manifest["metadata"]["namespace"] == namespace
+    annotations = manifest["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"gpu-scheduling-map": "0=node3:0", "gpu-scheduler/device-env": settings.get("deviceEnvMode", "cuda")}
+
+
+def test_helm_tests_manifest_is_one_the_plugin_plans(helm):
+    """The manifest the test's pod plans, with its node put in: the plugin reads it and places
+    replica 0 on that node's device 0 (offline here: no --cluster)."""
+    import io
+
+    from kubectl_gpu_scheduler.cli import main
+
+    [container] = find(render(helm, "default"), "Pod", "plan-test")["spec"]["containers"]
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["plan", "-f", "-", "-o", "json"], stdin=io.BytesIO(expanded_env(container, "node2")["PLAN_MANIFEST"].encode()),
+                stdout=out, stderr=err)
+    assert (code, err.getvalue()) == (0, "")
+    [workload] = json.loads(out.getvalue())["workloads"]
+    assert [(p["pod"], p["node"]) for p in workload["pods"]] == [("plan-test-0", "node2")]
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_helm_tests_account_reads_exactly_what_the_plugin_needs(helm, values):
+    """permissions.PLUGIN, no more and no less, all of it reads; bind's records in the install
+    namespace only."""
+    docs = render(helm, values)
+    namespace = install_namespace(docs)
+    grants = account_grants("plan-test", docs, namespace)
+    assert grants == {"cluster": permissions.PLUGIN - PLUGIN_RECORDS, namespace: PLUGIN_RECORDS}
+    assert {verb for where in grants.values() for _, _, verb in where} <= READS
+    assert PLUGIN_RECORDS, "permissions.PLUGIN reads bind's records"
+
+
+def test_helm_test_can_be_turned_off(helm):
+    docs = template(helm, "-f", str(CI_VALUES["default"]), "--set", "test.enabled=false")
+    assert not plan_test_objects(docs)
+    assert not [doc for doc in docs if "helm.sh/hook" in (doc["metadata"].get("annotations") or {})]
+
+
+def test_helm_test_settings(helm):
+    """test.image, test.node and the test's own knobs; without them, bind's pull secrets and
+    placement (where bind's image is pulled and bind runs), and no priority class of bind's."""
+    default = find(render(helm, "default"), "Pod", "plan-test")["spec"]
+    assert not set(POD_KNOBS) & set(default), "nothing when nothing is set"
+    custom_docs, custom = render(helm, "custom"), values_of("custom")
+    inherited = find(custom_docs, "Pod", "plan-test")["spec"]
+    assert {knob: inherited.get(knob) for knob in POD_KNOBS} == {
+        **{knob: custom["bind"][knob] for knob in ("imagePullSecrets", "nodeSelector", "tolerations", "affinity")},
+        "priorityClassName": None}
+    own = {"imagePullSecrets": [{"name": "test-registry"}], "nodeSelector": {"pool": "tests"}, "priorityClassName": "low",
+           "tolerations": [{"operator": "Exists"}], "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}},
+           "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}, "podAnnotations": {"team": "gpu"}}
+    docs = template(helm, "-f", str(CI_VALUES["custom"]), "--set", "test.image.repository=registry.example.com/tools/plan",
+                    "--set", "test.image.pullPolicy=Always", "--set", "test.node=gpu-node-7",
+                    *(arg for knob, value in own.items() for arg in ("--set-json", f"test.{knob}={json.dumps(value)}")))
+    pod = find(docs, "Pod", "plan-test")
+    [container] = pod["spec"]["containers"]
+    assert (container["image"], container["imagePullPolicy"]) == (f"registry.example.com/tools/plan:{VERSION}", "Always")
+    assert {v["name"]: v for v in container["env"]}["PLAN_NODE"] == {"name": "PLAN_NODE", "value": "gpu-node-7"}
+    assert "0=gpu-node-7:0" in expanded_env(container, "elsewhere")["PLAN_MANIFEST"]
+    assert {knob: pod["spec"][knob] for knob in POD_KNOBS} == {knob: own[knob] for knob in POD_KNOBS}
+    assert container["resources"] == own["resources"]
+    assert pod["metadata"]["annotations"]["team"] == "gpu" and pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+@pytest.fixture
+def plugin_on_path(tmp_path) -> str:
+    """A PATH whose kubectl-gpu_scheduler is this checkout's plugin (what bind's image installs)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / SCRIPT
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m kubectl_gpu_scheduler \"$@\"\n")
+    script.chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+def test_helm_tests_command_needs_a_cluster(helm, plugin_on_path, tmp_path):
+    """The pod's own command, run here: with no API server to answer it fails, saying so."""
+    [container] = find(render(helm, "default"), "Pod", "plan-test")["spec"]["containers"]
+    env = {**expanded_env(container, "node1"), "PATH": plugin_on_path, "PYTHONPATH": str(REPO), "HOME": str(tmp_path),
+           "KUBECONFIG": str(tmp_path / "none")}
+    result = subprocess.run([*container["command"], *container["args"]], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the plugin could not answer (exit 2)" in result.stdout and "kubeconfig" in result.stderr
+
+
+def test_helm_test_passes_as_its_account_on_a_real_api_server(helm, crds, controlplane, plugin_on_path, tmp_path):
+    """The test's account and RBAC as rendered, on the real API server; its pod's command run here
+    with that account's token: the plugin answers (node1 of the control plane, device 0). Without
+    the Role on bind's records it cannot, and the test fails."""
+    namespace = f"plan-{uuid.uuid4().hex[:8]}"
+    docs = template(helm, "-f", str(CI_VALUES["default"]), namespace=namespace)
+    rbac = [doc for doc in docs if (doc["kind"], doc["metadata"]["name"]) in TEST_OBJECTS and doc["kind"] != "Pod"]
+    # Another release name: the ClusterRole and its binding are this test's own.
+    for doc in rbac:
+        doc["metadata"]["name"] = doc["metadata"]["name"].replace("gpu-scheduler-plan-test", f"{namespace}-plan-test")
+        if "roleRef" in doc:
+            doc["roleRef"]["name"] = doc["roleRef"]["name"].replace("gpu-scheduler-plan-test", f"{namespace}-plan-test")
+    kubectl = crds
+    subprocess.run([*kubectl, "create", "namespace", namespace], check=True, capture_output=True, timeout=60)
+    path = tmp_path / "rbac.yaml"
+    path.write_text(yaml.safe_dump_all(rbac))
+    try:
+        subprocess.run([*kubectl, "apply", "-f", str(path)], check=True, capture_output=True, timeout=60)
+        token = controlplane.cp.service_account_token(namespace, "plan-test")
+        config = tmp_path / "config"
+        config.write_text(controlplane.cp.kubeconfig_text(user={"token": token}))
+        [container] = find(docs, "Pod", "plan-test")["spec"]["containers"]
+        env = {**expanded_env(container, "node1"), "PATH": plugin_on_path, "PYTHONPATH": str(REPO), "HOME": str(tmp_path),
+               "KUBECONFIG": str(config)}
+        command = [*container["command"], *container["args"]]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "the plugin answered from the cluster" in result.stdout and "plan-test-0" in result.stdout
+        assert "error" not in result.stderr, result.stderr
+        subprocess.run([*kubectl, "-n", namespace, "delete", "rolebinding", "plan-test"], check=True, capture_output=True,
+                       timeout=60)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and "the plugin could not answer" in result.stdout, result.stdout + result.stderr
+        assert "leases" in result.stderr and "403" in result.stderr, result.stderr
+    finally:
+        subprocess.run([*kubectl, "delete", "--ignore-not-found", "-f", str(path)], capture_output=True, timeout=60)
+        subprocess.run([*kubectl, "delete", "namespace", namespace, "--wait=false"], capture_output=True, timeout=60)
+
+
+# -- one version -----------------------------------------------------------------------------
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+SEMVER = re.compile(r"v?\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?")
+
+
+def test_the_chart_carries_pyprojects_version():
+    """One version, pyproject.toml's: the chart's version and appVersion (the images' default tag,
+    every object's app.kubernetes.io/version) are it."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION), (
+        f"Chart.yaml's version and appVersion must be pyproject.toml's {VERSION}")
+
+
+def image_tags(node, path: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every image tag a values file sets, by where: {"bind.image.tag": "0.1.0", ...}."""
+    tags = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "image" and isinstance(value, dict) and "tag" in value:
+                tags[".".join((*path, "image", "tag"))] = str(value["tag"])
+            tags.update(image_tags(value, (*path, str(key))))
+    return tags
+
+
+@pytest.mark.parametrize("path", [CHART / "values.yaml", *CI_VALUES.values(), REPO / "argocd" / "values.yaml"],
+                         ids=lambda path: str(path.relative_to(REPO)))
+def test_image_tags_that_are_versions_are_pyprojects(path):
+    """The chart's default tags are empty (the appVersion); a values file of this repository that
+    pins a release's tag pins this one (a tag such as dev or 2026.11-rc1 is not a version)."""
+    tags = image_tags(yaml.safe_load(path.read_text()))
+    if path == CHART / "values.yaml":
+        assert set(tags.values()) <= {""}, "the chart's default image tags: empty, so the appVersion"
+    versions = {where: tag for where, tag in tags.items() if SEMVER.fullmatch(tag)}
+    assert {where: tag.removeprefix("v") for where, tag in versions.items()} == dict.fromkeys(versions, VERSION)
+
+
+@pytest.mark.parametrize("values", sorted(CI_VALUES))
+def test_every_object_has_the_recommended_labels(helm, values):
+    docs = render(helm, values)
+    assert docs
+    for doc in docs:
+        labels = doc["metadata"].get("labels") or {}
+        assert {key: labels.get(key) for key in RECOMMENDED} == {
+            "app.kubernetes.io/name": "gpu-scheduler", "app.kubernetes.io/instance": manifests.RELEASE,
+            "app.kubernetes.io/version": VERSION, "app.kubernetes.io/managed-by": "Helm",
+        }, f"{doc['kind']} {doc['metadata']['name']}"
+
+
+RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+               "app.kubernetes.io/managed-by")
+
+
 # -- one source of truth ---------------------------------------------------------------------
 def test_generated_files_match_the_chart(helm):
     """knative/*.yaml and functions/*/func.yaml are the chart rendered with kind/values.yaml."""
@@ -371,26 +685,38 @@ def crds(controlplane) -> list:
     return kubectl
 
 
+def server_dry_run(kubectl: list[str], docs: list[dict], path) -> None:
+    """`kubectl apply --dry-run=server --validate=strict` of `docs`: every one accepted."""
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    result = subprocess.run([*kubectl, "apply", "--dry-run=server", "--validate=strict", "-f", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert result.stdout.count("(server dry run)") == len(docs), result.stdout
+
+
 @pytest.mark.controlplane
 @pytest.mark.parametrize("values", sorted(CI_VALUES))
 def test_server_accepts_every_rendered_object(helm, crds, values, tmp_path):
     """`kubectl apply --dry-run=server --validate=strict`: defaulting, validation (unknown
-    fields are errors, in custom resources too) and admission, nothing persisted."""
+    fields are errors, in custom resources too) and admission, nothing persisted. The hooks (the
+    helm test Pod) after the release's objects, as helm runs them: by then their ServiceAccount
+    exists (admission checks it), so it is created for them here."""
     namespace = f"chart-{uuid.uuid4().hex[:8]}"
     docs = template(helm, "-f", str(CI_VALUES[values]), namespace=namespace)
+    hooks = [doc for doc in docs if "helm.sh/hook" in (doc["metadata"].get("annotations") or {})]
     # The objects' namespace: the release's unless the values name one (then created if asked).
     namespaces = {doc["metadata"]["namespace"] for doc in docs if "namespace" in doc["metadata"]}
     for name in namespaces:
         subprocess.run([*crds, "create", "namespace", name], capture_output=True, timeout=60)
     try:
-        path = tmp_path / "rendered.yaml"
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-        result = subprocess.run([*crds, "apply", "--dry-run=server", "--validate=strict", "-f", str(path)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"{values}:\n{result.stdout}\n{result.stderr}"
-        assert result.stdout.count("(server dry run)") == len(docs), result.stdout
+        server_dry_run(crds, [doc for doc in docs if doc not in hooks], tmp_path / "release.yaml")
+        for hook in hooks:
+            subprocess.run([*crds, "-n", hook["metadata"]["namespace"], "create", "serviceaccount",
+                            hook["spec"]["serviceAccountName"]], check=True, capture_output=True, timeout=60)
+        server_dry_run(crds, hooks, tmp_path / "hooks.yaml")
         kinds = {doc["kind"] for doc in docs}
-        assert {"Service", "ApiServerSource", "PingSource", "MutatingWebhookConfiguration", "Role", "ClusterRole"} <= kinds
+        assert {"Service", "ApiServerSource", "PingSource", "MutatingWebhookConfiguration", "Role", "ClusterRole", "Pod"} <= kinds
+        assert [(doc["kind"], doc["metadata"]["name"]) for doc in hooks] == [("Pod", "plan-test")]
     finally:
         for name in namespaces:
             subprocess.run([*crds, "delete", "namespace", name, "--wait=false"], capture_output=True, timeout=60)

@@ -430,13 +430,16 @@ def test_function_dockerfile_runs_the_function(name):
     assert f"functions/{name} /app/functions/{name}" in copies
     if name == "bind":
         assert "kubeapi /src/kubeapi" in copies, "bind's API client goes into its image"
+        # The chart's `helm test` runs the kubectl plugin from bind's image (templates/tests/).
+        assert "kubectl_gpu_scheduler /src/kubectl_gpu_scheduler" in copies, "the plugin goes into bind's image"
 
 
 def test_dockerignore_sends_only_what_the_images_copy():
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert patterns[0] == "*"
-    assert {"!gpu_scheduler/", "!serving/", "!kubeapi/", "!functions/", "!pyproject.toml", "!check/check.py"} <= set(patterns)
+    assert {"!gpu_scheduler/", "!serving/", "!kubeapi/", "!kubectl_gpu_scheduler/", "!functions/", "!pyproject.toml",
+            "!check/check.py"} <= set(patterns)
 
 
 # -- scripts and make targets ----------------------------------------------------------------

@@ -13,9 +13,12 @@ configuration): the release name, with the chart's name unless it already holds 
 {{- end -}}
 {{- end -}}
 
+{{/* Every object's labels. The version is the chart's appVersion, which is pyproject.toml's
+version (tests/test_chart.py fails when they drift). */}}
 {{- define "gpu-scheduler.labels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
@@ -99,4 +102,30 @@ securityContext:
 {{- end -}}
 autoscaling.knative.dev/min-scale: {{ $scale.min | quote }}
 autoscaling.knative.dev/max-scale: {{ $scale.max | quote }}
+{{- end -}}
+
+
+{{/* The pod-level settings of one kind of pod, from its values (bind, mutate, test):
+imagePullSecrets, priorityClassName, nodeSelector, tolerations, affinity; nothing for what is
+empty. include "gpu-scheduler.podSettings" .Values.bind */}}
+{{- define "gpu-scheduler.podSettings" -}}
+{{- with .imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
