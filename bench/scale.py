@@ -410,9 +410,11 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
         figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
         runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
         slot = 0
+        placed_in: list[str] = []
         for rep in range(reps):
             for scheduler in (("bind", "kube-scheduler") if rep % 2 == 0 else ("kube-scheduler", "bind")):
                 ns = namespace(stack, scheduler)
+                placed_in.append(ns)
                 watch = bench_run.BoundWatch(stack, ns)
                 try:
                     before, t0 = cpu(), time.perf_counter()
@@ -429,6 +431,13 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
         figures["status_update_cpu_ms"]["kube-scheduler"] = status_updates(api, cpu, "kube-scheduler", probed)
         binds.stop(name, pods_deleted=False)
         name = ""
+        # The runs' pods deleted (no kubelet would finish a graceful deletion): the GPUs and the
+        # slots' devices free again for bind before, which takes the slots from the start.
+        for ns in placed_in:
+            api._call("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
+        stack.wait_for(lambda: not any(api._call("GET", f"/api/v1/namespaces/{ns}/pods")["items"] for ns in placed_in),
+                       WAIT_SECONDS, "the runs' pods deleted", interval=0.5)
+        slot = 0
         before_bind = binds.start(BEFORE_ISSUE_39)
         if before_bind is None:
             figures["before"] = {"skipped": f"revision {BEFORE_ISSUE_39} is not in this clone"}

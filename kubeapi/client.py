@@ -248,12 +248,12 @@ class Kube:
     def list_namespaced_pods(self, namespace: str) -> Iterator[tuple[list[dict], str]]:
         return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods")
 
-    def list_all_pods(self, projection: Decoder | None = None) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages("/api/v1/pods", projection)
+    def list_all_pods(self, projection: Decoder | None = None, field_selector: str = "") -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/pods", projection, fieldSelector=field_selector)
 
-    def watch_all_pods(self, resource_version: str, seconds: int,
-                       projection: Decoder | None = None) -> Iterator[tuple[str, dict, int]]:
-        return self.watch("/api/v1/pods", resource_version, seconds, projection)
+    def watch_all_pods(self, resource_version: str, seconds: int, projection: Decoder | None = None,
+                       field_selector: str = "") -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/pods", resource_version, seconds, projection, fieldSelector=field_selector)
 
     def list_nodes(self, projection: Decoder | None = None) -> Iterator[tuple[list[dict], str]]:
         return self.list_pages("/api/v1/nodes", projection)

@@ -25,6 +25,8 @@ from informers import Informer
 from kubeapi import projection
 from schedqueue import SchedulingQueue
 
+NOT_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
+
 
 class Views:
     def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True,
@@ -37,9 +39,11 @@ class Views:
                            dra_served=lambda: all(i.served for i in self.informers if i.optional))
         self.handlers = handlers = EventHandlers(self.cache, queue, admits)
         self.informers = [
-            # Pods and nodes, the bulk of what bind watches, decoded into only what it reads.
-            Informer("pods", lambda: api.list_all_pods(projection.PODS),
-                     lambda version, seconds: api.watch_all_pods(version, seconds, projection.PODS),
+            # Pods and nodes, the bulk of what bind watches, decoded into only what it reads; pods
+            # that are not terminal only, as kube-scheduler's pod informer selects them: a pod that
+            # ends leaves the selection, which the watch says with a DELETED event (its GPUs free).
+            Informer("pods", lambda: api.list_all_pods(projection.PODS, NOT_TERMINAL),
+                     lambda version, seconds: api.watch_all_pods(version, seconds, projection.PODS, NOT_TERMINAL),
                      handlers.replace_pods, handlers.apply_pod),
             Informer("nodes", lambda: api.list_nodes(projection.NODES),
                      lambda version, seconds: api.watch_nodes(version, seconds, projection.NODES),
