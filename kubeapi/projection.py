@@ -178,3 +178,61 @@ class Decoder:
 
 PODS = Decoder(Pod, PodEvent, PodList)
 NODES = Decoder(Node, NodeEvent, NodeList)
+
+
+# -- mutate: an AdmissionReview of a pod's creation --------------------------------------------
+class AdmittedPodMeta(TypedDict, total=False):
+    # All the metadata a pod has at its creation but its managed fields (the largest part).
+    name: Any
+    generateName: Any
+    namespace: Any
+    uid: Any
+    labels: Any
+    annotations: Any
+    ownerReferences: Any
+    finalizers: Any
+    creationTimestamp: Any
+    deletionTimestamp: Any
+
+
+class AdmittedPod(TypedDict, total=False):
+    # The spec whole: mutate writes JSONPatch operations on it (each container's env, resources,
+    # claims) from what it read. Not the status (a created pod has none that matters).
+    apiVersion: Any
+    kind: Any
+    metadata: AdmittedPodMeta
+    spec: Any
+
+
+class AdmissionRequest(TypedDict, total=False):
+    # Not oldObject (null for a creation), userInfo, options.
+    uid: Any
+    kind: Any
+    resource: Any
+    subResource: Any
+    name: Any
+    namespace: Any
+    operation: Any
+    dryRun: Any
+    object: AdmittedPod
+
+
+class AdmissionReview(TypedDict, total=False):
+    apiVersion: Any
+    kind: Any
+    request: AdmissionRequest
+
+
+_REVIEW = msgspec.json.Decoder(AdmissionReview)
+
+
+def admission_review(body: bytes) -> Any:
+    """What mutate reads of an AdmissionReview: the request, and of its pod all but the managed
+    fields and status. Whatever is not shaped like an AdmissionReview is decoded in full with
+    json.loads, which raises as it did (ValueError on what is not JSON; RecursionError past its
+    depth), so that gpu_scheduler.admission.parse_review names the field that is wrong. What is
+    skipped is never read; only what is kept goes through parse_review's nesting limit."""
+    try:
+        return _REVIEW.decode(body)
+    except msgspec.DecodeError:
+        return json.loads(body)

@@ -14,6 +14,7 @@ from flask import Request
 
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
+from kubeapi import projection
 from nodeproduct import NodeProducts
 from serving import draining, fastpath, jsonlog
 
@@ -114,7 +115,7 @@ def _decide(raw: bytes, started: float, deadline: float):
     if late := _past(deadline):
         return late
     try:
-        review = parse_review(json.loads(raw))
+        review = parse_review(projection.admission_review(raw))
     except RecursionError:
         return _error(400, "malformed JSON: body nested too deeply")
     except ValueError as error:  # JSONDecodeError and ReviewError are ValueErrors
