@@ -255,3 +255,39 @@ def test_the_cache_skips_a_status_update_of_a_pod_bound_elsewhere_and_takes_any_
     pod["status"]["phase"] = "Succeeded"
     cache.apply_pod("MODIFIED", both_ways(pod, projection.PODS)[1])
     assert not cache.snapshot(pod["spec"]["nodeName"]).info.pods  # terminal: its node is free again
+
+
+def review_of(pod: dict, rng: random.Random) -> bytes:
+    pod = json.loads(json.dumps(pod))
+    pod["spec"].pop("nodeName", None)
+    pod.pop("status", None)
+    if rng.random() < 0.3:
+        pod["spec"]["containers"][0]["resources"] = {"requests": {"gpu-scheduler.io/gpu": "1"}}  # quota dodge
+    if rng.random() < 0.2:
+        pod["metadata"]["annotations"]["gpu-scheduler/device-env"] = rng.choice(["dra", "nvidia", "cuda", "bogus"])
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", **extras(rng), "request": {
+        "uid": f"review-{rng.random()}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": pod["metadata"]["name"],
+        "namespace": pod["metadata"]["namespace"], "operation": "CREATE", "dryRun": rng.random() < 0.1,
+        "userInfo": {"username": "system:serviceaccount:kube-system:statefulset-controller"},
+        "object": pod, "oldObject": None, "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}}).encode()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_mutate_answers_a_projected_review_as_the_full_one(seed):
+    """mutate's answer (patch, warnings, refusal) to a review decoded in full and projected."""
+    from gpu_scheduler.admission import admission_response
+    rng = random.Random(seed)
+    reviews = [review_of(random_pod(rng, i, bound=False), rng) for i in range(10)]
+    for raw in reviews:
+        for mode in ("cuda", "dra"):
+            assert (admission_response(json.loads(raw), mode, quota=seed % 2 == 0) ==
+                    admission_response(projection.admission_review(raw), mode, quota=seed % 2 == 0))
+
+
+def test_mutate_answers_the_captured_reviews_as_before():
+    from gpu_scheduler.admission import admission_response
+    for path in sorted(FIXTURES.rglob("admissionreview-*.json")):
+        document = json.loads(path.read_text())
+        raw = json.dumps(document.get("body", document)).encode()
+        assert admission_response(json.loads(raw)) == admission_response(projection.admission_review(raw)), path
