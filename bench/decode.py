@@ -1,7 +1,8 @@
 """Decoding a watch event: the standard library's json, orjson, orjson plus a projection in
-Python, and msgspec against kubeapi/projection.py's TypedDicts (what bind uses), on a captured
-pod (tests/fixtures) as a kubelet's status updates make it (container statuses, conditions,
-managed fields of three managers) and on a node as a kubelet reports it (images, heartbeats).
+Python, and msgspec against kubeapi/projection.py's TypedDicts (what bind and mutate use), on a
+captured pod (tests/fixtures) as a kubelet's status updates make it (container statuses,
+conditions, managed fields of three managers), on a node as a kubelet reports it (images,
+heartbeats), and on a captured AdmissionReview (mutate).
 
 Prints microseconds per event and each ÷ json, measured side by side in one run, and the bytes
 kept. `python -m bench.decode [--events N]`; `make bench` prints it too."""
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from kubeapi import projection
 
-FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/sample-events/k8s-1.34/apiserversource-update-gpu-scheduler-check-2-bound.json"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests/fixtures/sample-events"
+FIXTURE = FIXTURES / "k8s-1.34/apiserversource-update-gpu-scheduler-check-2-bound.json"
+REVIEW = FIXTURES / "admissionreview-v1-create-gpu-scheduler-check-3.json"  # a bare AdmissionReview
 
 
 def running_pod() -> dict:
@@ -95,18 +98,19 @@ def _pick_pod(obj: dict) -> dict:
 
 def measure(events: int) -> dict:
     import orjson  # only here: measured against, not used
-    samples = {"running pod": (_event(running_pod()), projection.PODS),
-               "kubelet node": (_event(kubelet_node()), projection.NODES)}
+    samples = {"running pod": (_event(running_pod()), projection.PODS.event),
+               "kubelet node": (_event(kubelet_node()), projection.NODES.event),
+               "AdmissionReview": (REVIEW.read_bytes(), projection.admission_review)}
     ways = {"json": lambda line, _: json.loads(line),
             "orjson": lambda line, _: orjson.loads(line),
             "orjson + projection in Python": lambda line, _: _pick_pod(orjson.loads(line)["object"]),
-            "msgspec projection (bind)": lambda line, decoder: decoder.event(line)}
+            "msgspec projection (bind, mutate)": lambda line, decoder: decoder(line)}
     results: dict = {}
     for sample, (line, decoder) in samples.items():
-        figures: dict = {"bytes": len(line), "kept_bytes": len(json.dumps(decoder.event(line)))}
+        figures: dict = {"bytes": len(line), "kept_bytes": len(json.dumps(decoder(line)))}
         for rep in range(3):  # interleaved repetitions: the best of each way
             for way, decode in ways.items():
-                if "Python" in way and "node" in sample:
+                if "Python" in way and sample != "running pod":
                     continue
                 start = time.perf_counter()
                 for _ in range(events):
@@ -121,7 +125,8 @@ def rows(results: dict) -> list[str]:
     out = []
     for sample, figures in results.items():
         base = figures["json"]
-        out.append(f"decode one watch event, {sample} ({figures['bytes']} bytes; bind keeps {figures['kept_bytes']}):")
+        out.append(f"decode one {'watch event, ' if 'pod' in sample or 'node' in sample else ''}{sample}"
+                   f" ({figures['bytes']} bytes; {figures['kept_bytes']} kept):")
         for way, us in figures.items():
             if way not in ("bytes", "kept_bytes"):
                 out.append(f"  {way:<40} {us:8.1f} us  {us / base:5.2f} x json")
