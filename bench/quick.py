@@ -1,5 +1,5 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36,issue39]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
 preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation;
@@ -16,7 +16,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, gang, quota, run
+from . import framework, gang, quota, run, scale
 
 
 def main() -> int:
@@ -42,7 +42,7 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36"}:
+    if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36", "issue39"}:
         with LocalStack() as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
@@ -62,6 +62,8 @@ def main() -> int:
                                                                    framework.BEFORE_ISSUE_36)
                 results["issue36_gang"] = framework.gang_cost(stack, args.replicas, args.reps,
                                                               framework.BEFORE_ISSUE_36)
+            if "issue39" in only:  # not in the default: bench.run has it
+                results["issue39_pods"] = framework.framework_cost(stack, args.pods, args.reps, scale.BEFORE_ISSUE_39)
     for key, value in results.items():
         if key == "bind_throughput":
             for c, f in value.items():
@@ -94,6 +96,8 @@ def main() -> int:
             print("\n".join(framework.rows(value, "preemption")))
         elif key == "issue36_pods":
             print("\n".join(framework.rows(value, "issue 36", cpu_goal=run.ISSUE_36_CPU)))
+        elif key == "issue39_pods":
+            print("\n".join(framework.rows(value, "issue 39")))
         elif key == "issue36_gang":
             print("\n".join(framework.gang_rows(value, "issue 36", cpu_goal=run.ISSUE_36_CPU)))
         elif key == "gang":

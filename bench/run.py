@@ -621,6 +621,8 @@ def table(results: dict) -> str:
         rows += framework.rows(results["preemption_cost"], "preemption")
     if results.get("issue36_pods"):
         rows += framework.rows(results["issue36_pods"], "issue 36", cpu_goal=ISSUE_36_CPU)
+    if results.get("issue39_pods"):
+        rows += framework.rows(results["issue39_pods"], "issue 39")
     if results.get("issue36_gang"):
         rows += framework.gang_rows(results["issue36_gang"], "issue 36", cpu_goal=ISSUE_36_CPU)
     a = results["admission"]
@@ -737,6 +739,10 @@ def main() -> int:
                                                            framework.BEFORE_ISSUE_36)
         results["issue36_gang"] = framework.gang_cost(stack, 20 if args.smoke else gang.REPLICAS,
                                                       1 if args.smoke else 4, framework.BEFORE_ISSUE_36)
+        # Issue 39's "no slower than before": create to bound, bind now against main before it.
+        print(f"bench: bind now vs before issue 39 ({scale.BEFORE_ISSUE_39}), create to bound", flush=True)
+        results["issue39_pods"] = framework.framework_cost(stack, n if args.smoke else 300, 1 if args.smoke else 4,
+                                                           scale.BEFORE_ISSUE_39)
     results["scale"] = scale.run(args.smoke, args.scale)
     results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:
