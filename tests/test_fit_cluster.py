@@ -139,6 +139,20 @@ def test_a_gpu_held_by_another_statefulset_names_the_holder_until_it_is_gone(sta
     bound_after_resync(stack, namespace, "team-b-0", fit_node)
 
 
+def test_a_holder_that_finishes_frees_its_gpu_through_the_watch(stack, namespace, fit_node):
+    """bind watches only pods that are not terminal (as kube-scheduler's pod informer does): a
+    holder whose phase becomes Succeeded leaves the selection, which the watch says as a DELETED
+    event; its GPU is free and the pod waiting for it is bound, without a ping."""
+    stack.apply(pod_manifest(namespace, "holder-0", f"0={fit_node}:3\n"))
+    stack.wait_bound(namespace, 1)
+    stack.apply(pod_manifest(namespace, "waiter-0", f"0={fit_node}:2,3\n"))  # another map: another workload
+    (event,) = wait_event(stack, namespace, "waiter-0", "FailedScheduling")
+    assert "held by" in event.message
+    stack.api.patch_namespaced_pod_status("holder-0", namespace, {"status": {"phase": "Succeeded"}})
+    stack.wait_for(lambda: pod_named(stack, namespace, "waiter-0")["spec"].get("nodeName") == fit_node, 30,
+                   "the waiter bound once the holder finished")
+
+
 def test_replicas_of_one_statefulset_still_share_their_gpu(stack, namespace, fit_node):
     stack.apply(statefulset(namespace, f"0={fit_node}:1\n1={fit_node}:1\n", replicas=2, name="shared"))
     pods = stack.wait_bound(namespace, 2, "app=shared")
