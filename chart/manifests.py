@@ -55,7 +55,8 @@ def by_template(rendered: str) -> dict[str, str]:
     files: dict[str, list[str]] = {}
     for document in re.split(r"^---\n", rendered, flags=re.M):
         match = re.match(r"# Source: [^/]+/templates/(\S+)\n", document)
-        if match:
+        # Hooks are helm's (the uninstall Job): `kubectl apply -f knative/` would run them at once.
+        if match and not re.search(r"^    helm\.sh/hook:", document, flags=re.M):
             files.setdefault(match[1], []).append(document[match.end():].strip("\n") + "\n")
     return {name: "---\n".join(documents) for name, documents in files.items()}
 

@@ -73,3 +73,17 @@ PLUGIN = frozenset({
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceslices", "list"),
 })
+# The chart's pre-delete hook (functions/bind/uninstall.py): bind's two bindings revoked first (only
+# those, by name: the chart's rules carry resourceNames), so that a bind still running cannot put
+# back what follows; then every node's advertised quota resources removed.
+UNINSTALL = frozenset({
+    ("rbac.authorization.k8s.io", "clusterrolebindings", "delete"),  # bind's ClusterRoleBinding
+    ("", "nodes", "list"),           # every node, to find what bind advertised
+    ("", "nodes/status", "patch"),   # the gpu-scheduler.io resources removed from capacity and allocatable
+})
+# ... and in bind's namespace: its records' RoleBinding revoked, then the records deleted.
+UNINSTALL_RECORDS = frozenset({
+    ("rbac.authorization.k8s.io", "rolebindings", "delete"),  # bind-records
+    ("coordination.k8s.io", "leases", "list"),
+    ("coordination.k8s.io", "leases", "delete"),
+})

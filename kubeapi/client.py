@@ -50,7 +50,7 @@ WATCH_CONNECTIONS = 10  # bind's watches (pods, nodes, device records, ResourceS
 KEPT_CONNECTIONS = 32
 LIST_PAGE = 500  # items per page of a listing: bounds what one response holds in memory
 
-# Each method's RBAC need; tests hold this equal to gpu_scheduler.permissions.BIND | PLUGIN, and
+# Each method's RBAC need; tests hold this equal to the sets of gpu_scheduler.permissions, and
 # bind's fake API (tests/test_placer.py) offers bind only the methods BIND grants.
 CALLS = {
     "bind": ("", "pods/binding", "create"),
@@ -87,6 +87,8 @@ CALLS = {
     "watch_pdbs": ("policy", "poddisruptionbudgets", "watch"),
     "patch_node_status": ("", "nodes/status", "patch"),
     "list_resource_quotas": ("", "resourcequotas", "list"),
+    "delete_cluster_role_binding": ("rbac.authorization.k8s.io", "clusterrolebindings", "delete"),
+    "delete_role_binding": ("rbac.authorization.k8s.io", "rolebindings", "delete"),
 }
 
 
@@ -317,6 +319,13 @@ class Kube:
 
     def patch_node_status(self, name: str, patch: dict) -> dict:
         return self._call("PATCH", f"/api/v1/nodes/{quote(name)}/status", patch, MERGE_PATCH)
+
+    def delete_cluster_role_binding(self, name: str) -> dict:
+        return self._call("DELETE", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{quote(name)}")
+
+    def delete_role_binding(self, namespace: str, name: str) -> dict:
+        return self._call("DELETE", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace)}/rolebindings/"
+                                    f"{quote(name)}")
 
     def create_event(self, namespace: str, event: dict) -> dict:
         return self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)

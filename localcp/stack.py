@@ -39,19 +39,24 @@ MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
-                 in_cluster: bool = False, mutate_drain_seconds: float = 0, **source_options):
+                 in_cluster: bool = False, mutate_drain_seconds: float = 0, functions: bool = True,
+                 **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
         mutate run as pods on those real nodes (see the module's docstring).
         mutate_drain_seconds: how long mutate drains on SIGTERM (DRAIN_SECONDS); 0 by default, as
-        for bind: nothing here routes by readiness, and a stack stops faster without it."""
+        for bind: nothing here routes by readiness, and a stack stops faster without it.
+        functions=False (with in_cluster): the nodes, with the functions' images loaded, and the
+        pod network, but no bind, mutate, webhook or event source: room for a release of the chart
+        (tests/test_chart_runtime.py installs it with helm); pass webhook=False, event_source=False."""
         self.mutate_drain_seconds = mutate_drain_seconds
         self._mutates = 0
         real_nodes = real_nodes or in_cluster
         self.cp = ControlPlane(kubelets=node_addresses() if real_nodes else None)
         self.real_nodes = real_nodes
         self.in_cluster = in_cluster
+        self.functions = functions
         self.nodes: Nodes | None = None
         self.webhook = webhook
         self.event_source = event_source
@@ -78,7 +83,8 @@ class LocalStack:
             self.api = self._admin_api()
             if self.in_cluster:
                 self._start_pod_network()
-                self._deploy_functions()
+                if self.functions:
+                    self._deploy_functions()
             else:
                 self._start_mutate()
             if self.webhook:

@@ -25,7 +25,7 @@ from tests.fixtures import SCHEMAS
 
 REPO = Path(__file__).resolve().parent.parent
 KIND_CONFIG = REPO / "kind" / "cluster.yaml"
-CORE_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "admissionregistration.k8s.io", "batch"}
+CORE_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "admissionregistration.k8s.io", "batch", "policy"}
 
 
 class _StringTimestampLoader(yaml.SafeLoader):

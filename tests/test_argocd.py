@@ -223,7 +223,8 @@ def test_every_chart_option_has_its_waves_and_is_allowed(helm, values):
     allowed = project_kinds()
     docs = [doc for doc in yaml.safe_load_all(manifests.template(
         "-f", str(REPO / "chart" / "gpu-scheduler" / "ci" / values),
-        "--set", "namespace.create=true", "--set", "test.enabled=false")) if doc]  # the Applications' parameters
+        "--set", "namespace.create=true", "--set", "test.enabled=false",
+        "--set", "uninstall.enabled=false")) if doc]  # the Applications' parameters
     for doc in docs:
         assert doc["metadata"]["annotations"][WAVE] == expected_wave(doc), f"{doc['kind']} {doc['metadata']['name']}"
         assert group_kind(doc) in allowed["namespaced" if "namespace" in doc["metadata"] else "cluster"], doc["kind"]

@@ -458,8 +458,8 @@ def test_helm_test_is_a_hook_pod_that_runs_plan_cluster(helm, values):
     docs = render(helm, values)
     namespace = install_namespace(docs)
     assert plan_test_objects(docs) == TEST_OBJECTS
-    hooks = [doc for doc in docs if "helm.sh/hook" in (doc["metadata"].get("annotations") or {})]
-    assert hooks == [find(docs, "Pod", "plan-test")], "the Pod is the one hook; its account and RBAC belong to the release"
+    hooks = [doc for doc in docs if (doc["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    assert hooks == [find(docs, "Pod", "plan-test")], "the Pod is the one test hook; its account and RBAC belong to the release"
     pod = hooks[0]
     assert pod["metadata"]["namespace"] == namespace
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -521,7 +521,7 @@ def test_helm_tests_account_reads_exactly_what_the_plugin_needs(helm, values):
 def test_helm_test_can_be_turned_off(helm):
     docs = template(helm, "-f", str(CI_VALUES["default"]), "--set", "test.enabled=false")
     assert not plan_test_objects(docs)
-    assert not [doc for doc in docs if "helm.sh/hook" in (doc["metadata"].get("annotations") or {})]
+    assert not [doc for doc in docs if (doc["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
 
 
 def test_helm_test_settings(helm):
@@ -711,15 +711,23 @@ def test_server_accepts_every_rendered_object(helm, crds, values, tmp_path):
     try:
         server_dry_run(crds, [doc for doc in docs if doc not in hooks], tmp_path / "release.yaml")
         for hook in hooks:
-            subprocess.run([*crds, "-n", hook["metadata"]["namespace"], "create", "serviceaccount",
-                            hook["spec"]["serviceAccountName"]], check=True, capture_output=True, timeout=60)
+            if hook["kind"] == "Pod":
+                subprocess.run([*crds, "-n", hook["metadata"]["namespace"], "create", "serviceaccount",
+                                hook["spec"]["serviceAccountName"]], check=True, capture_output=True, timeout=60)
         server_dry_run(crds, hooks, tmp_path / "hooks.yaml")
         kinds = {doc["kind"] for doc in docs}
         assert {"Service", "ApiServerSource", "PingSource", "MutatingWebhookConfiguration", "Role", "ClusterRole", "Pod"} <= kinds
-        assert [(doc["kind"], doc["metadata"]["name"]) for doc in hooks] == [("Pod", "plan-test")]
+        # the helm test Pod, and the uninstall hook (tests/test_chart_runtime.py)
+        assert sorted((doc["kind"], doc["metadata"]["name"]) for doc in hooks) == sorted(
+            [("Pod", "plan-test"), *UNINSTALL_HOOKS(manifests.RELEASE)])
     finally:
         for name in namespaces:
             subprocess.run([*crds, "delete", "namespace", name, "--wait=false"], capture_output=True, timeout=60)
+
+
+def UNINSTALL_HOOKS(release: str) -> list[tuple[str, str]]:
+    return [("ServiceAccount", "uninstall"), ("ClusterRole", f"{release}-uninstall"), ("ClusterRoleBinding", f"{release}-uninstall"),
+            ("Role", "uninstall"), ("RoleBinding", "uninstall"), ("Job", "uninstall")]
 
 
 def test_server_refuses_a_typo(helm, crds, tmp_path):

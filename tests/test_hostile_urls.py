@@ -57,6 +57,9 @@ RESOURCE = {
     "evict": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name, "eviction"],
     "list_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
     "watch_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
+    "delete_cluster_role_binding": lambda ns, name: ["apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings", name],
+    "delete_role_binding": lambda ns, name: ["apis", "rbac.authorization.k8s.io", "v1", "namespaces", ns, "rolebindings",
+                                             name],
 }
 
 

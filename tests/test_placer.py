@@ -255,7 +255,8 @@ def test_the_condition_is_written_once_per_reason():
 
 
 def test_the_client_makes_exactly_the_calls_rbac_grants():
-    assert set(CALLS.values()) == permissions.BIND | permissions.BIND_RECORDS | permissions.PLUGIN | permissions.MUTATE
+    assert set(CALLS.values()) == (permissions.BIND | permissions.BIND_RECORDS | permissions.PLUGIN | permissions.MUTATE
+                                   | permissions.UNINSTALL | permissions.UNINSTALL_RECORDS)
 
 
 def test_a_pod_that_does_not_fit_is_unschedulable_and_not_bound():

@@ -162,15 +162,28 @@ def test_every_repository_path_the_readme_names_exists():
 
 
 def test_the_uninstall_note_names_what_bind_leaves_behind():
-    """What bind writes that `helm uninstall` leaves: the quota resources in every node's status
+    """What bind writes outside the release: the quota resources in every node's status
     (gpu_scheduler/quota.py, functions/bind/advertiser.py) and its device records (Leases under
-    records.RECORD_SELECTOR). tests/test_readme_cluster.py runs the commands on an API server."""
+    records.RECORD_SELECTOR). The README says the uninstall hook removes both; docs/install.md's
+    Uninstall has the commands for an uninstall without it (tests/test_readme_cluster.py runs
+    them on an API server)."""
     from gpu_scheduler.quota import ADVERTISED, GPU_RESOURCE, PRODUCT_PREFIX
     from gpu_scheduler.records import RECORD_SELECTOR
 
     text = README.read_text()
     section = text[text.index("\n## Uninstall and upgrade\n"):]
     section = section[:section.index("\n## ", 1)]
-    for said in (f"`{GPU_RESOURCE}`", f"`{PRODUCT_PREFIX}<type>`", f"{int(ADVERTISED)} each",
-                 f"delete leases -l {RECORD_SELECTOR}`", "--subresource=status", "helm uninstall"):
+    for said in (f"`{GPU_RESOURCE}`", f"`{PRODUCT_PREFIX}<type>`", f"{int(ADVERTISED)} each", "helm uninstall",
+                 "pre-delete", "device records", "docs/install.md#uninstall"):
         assert said in section, said
+    install = (REPO / "docs" / "install.md").read_text()
+    uninstall = install[install.index("\n## Uninstall\n"):]
+    uninstall = uninstall[:uninstall.index("\n## ", 1)]
+    for said in (f"delete leases -l {RECORD_SELECTOR}`", "--subresource=status", "--no-hooks"):
+        assert said in uninstall, said
+
+
+def test_the_install_without_knative_is_within_the_first_100_lines():
+    """Issue 40: a reader finds the install command for a cluster without Knative early."""
+    head = "\n".join(README.read_text().splitlines()[:100])
+    assert "--set runtime=deployments" in head and "helm upgrade --install gpu-scheduler chart/gpu-scheduler" in head

@@ -1,4 +1,5 @@
-"""The README's uninstall commands, run as written against a real 1.34 API server: the loop that
+"""The uninstall commands for an uninstall without the chart's hook (docs/install.md, "Uninstall":
+`helm uninstall --no-hooks`, Argo CD), run as written against a real 1.34 API server: the loop that
 removes the quota resources bind patched into every node's status (gpu-scheduler.io/gpu and
 product.gpu-scheduler.io/<type>, capacity and allocatable), and the deletion of bind's device
 records (its Leases). Only etcd and kube-apiserver run: after `helm uninstall` no bind is left to
@@ -19,7 +20,7 @@ from gpu_scheduler.records import LEASE_API, RECORD_SELECTOR
 from localcp.cluster import BIN, ControlPlane
 
 pytestmark = pytest.mark.controlplane
-README = REPO / "README.md"
+INSTALL = REPO / "docs" / "install.md"  # the README links its Uninstall section
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,8 @@ def api_server():
 
 
 def readme_shell(pattern: str) -> str:
-    """The README's sh block that contains `pattern`."""
-    blocks = re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.M | re.S)
+    """docs/install.md's sh block that contains `pattern`."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", INSTALL.read_text(), re.M | re.S)
     [block] = [b for b in blocks if pattern in b]
     return block
 
@@ -77,7 +78,7 @@ def check_the_node_loop_removes_what_bind_advertised(cp: ControlPlane) -> None:
 
 
 def check_the_lease_command_deletes_only_binds_records(cp: ControlPlane) -> None:
-    [command] = re.findall(r"`(kubectl -n gpu-scheduler delete leases [^`]*)`", README.read_text())
+    [command] = re.findall(r"`(kubectl -n gpu-scheduler delete leases [^`]*)`", INSTALL.read_text())
     cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                               "metadata": {"name": "gpu-scheduler"}})
     key, _, value = RECORD_SELECTOR.partition("=")

@@ -129,3 +129,93 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* bind's environment, in either runtime. */}}
+{{- define "gpu-scheduler.bindEnv" -}}
+- name: LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: RESYNC_CONCURRENCY
+  value: {{ .Values.bind.resyncConcurrency | quote }}
+- name: THREADS
+  value: {{ .Values.bind.threads | quote }}
+- name: GPU_SCHEDULER_QUOTA
+  value: {{ .Values.quota.enabled | quote }}
+- name: GPU_SCHEDULER_DRA
+  value: {{ .Values.dra.enabled | quote }}
+- name: GPU_SCHEDULER_DRA_DEVICE_CLASS
+  value: {{ .Values.dra.deviceClass | quote }}
+{{- with .Values.dra.deviceRules }}
+- name: GPU_SCHEDULER_DRA_DEVICE_RULES
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.bind.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The labels a Deployment of runtime deployments selects its pods by: include
+"gpu-scheduler.selectorLabels" (list . "bind") */}}
+{{- define "gpu-scheduler.selectorLabels" -}}
+app.kubernetes.io/name: {{ (index . 0).Chart.Name }}
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* The pod's own securityContext outside Knative: the images' numeric USER (65532:65532). Without
+runAsUser and runAsGroup the kubelet passes containerd only the image's uid, and the process runs
+with group 0 (localcp/incluster.py). */}}
+{{- define "gpu-scheduler.podSecurityContext" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{/* runtime deployments: the kubelet's probes on functions-framework's health paths (httpGet), or
+with probes.exec the image's python fetching them inside the pod (the local control plane):
+include "gpu-scheduler.deploymentProbes" (list . "HTTPS" "https" 8443). Readiness every 5 s, failing
+at once: a SIGTERM's drain (15 s, serving/gunicorn_config.py) takes the pod out of the endpoints
+well before it stops. */}}
+{{- define "gpu-scheduler.deploymentProbes" -}}
+{{- $root := index . 0 -}}
+{{- $scheme := index . 1 -}}
+{{- $port := index . 3 -}}
+{{- range $probe := list (list "readinessProbe" "/health/readiness" 5 1) (list "livenessProbe" "/health/liveness" 10 3) }}
+{{ index $probe 0 }}:
+  {{- if $root.Values.probes.exec }}
+  exec:
+    command:
+      - python
+      - -c
+      - import ssl, sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2, context=ssl._create_unverified_context()).close()
+      - {{ printf "%s://127.0.0.1:%v%s" (lower $scheme) $port (index $probe 1) }}
+  {{- else }}
+  httpGet:
+    path: {{ index $probe 1 }}
+    port: {{ index $ 2 }}
+    scheme: {{ $scheme }}
+  {{- end }}
+  periodSeconds: {{ index $probe 2 }}
+  {{- if $root.Values.probes.exec }}
+  # A python started for each probe, on a machine shared with the control plane: more room.
+  timeoutSeconds: 5
+  failureThreshold: 3
+  {{- else }}
+  timeoutSeconds: 3
+  failureThreshold: {{ index $probe 3 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* runtime deployments: "true" when mutate's certificate comes from cert-manager
+(webhook.certManager true, or auto and the cluster serves cert-manager.io/v1), else "false". */}}
+{{- define "gpu-scheduler.certManager" -}}
+{{- $setting := .Values.webhook.certManager -}}
+{{- if eq (toString $setting) "auto" -}}
+{{- .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}
+{{- else -}}
+{{- $setting -}}
+{{- end -}}
+{{- end -}}
