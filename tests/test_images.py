@@ -148,7 +148,9 @@ def test_the_built_function_image_is_what_its_dockerfile_says(name):
         # Both call the API server (mutate: the GPU type of a pinned pod's node, for quotas).
         assert any(n.startswith("opt/venv/lib/python3.11/site-packages/kubeapi/") for n in names)
         # bind's holds the kubectl plugin too, on the PATH: the chart's `helm test` runs it.
-        assert ("opt/venv/bin/kubectl-gpu_scheduler" in names) == (name == "bind")
+        # (pyproject's script is installed in both images; only bind's has the package it runs.)
+        plugin = "opt/venv/lib/python3.11/site-packages/kubectl_gpu_scheduler/cli.py"
+        assert (plugin in names) == (name == "bind") and "opt/venv/bin/kubectl-gpu_scheduler" in names
         assert {m.uid for m in layer.getmembers()} == {0} and {m.mtime for m in layer.getmembers()} == {0}
     with tarfile.open(fileobj=io.BytesIO(app)) as layer:
         main = layer.extractfile(f"app/functions/{name}/main.py").read()
