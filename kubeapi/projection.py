@@ -77,7 +77,10 @@ class PodSpec(TypedDict, total=False):
     restartPolicy: Any
 
 
-class PodCondition(TypedDict, total=False):
+class Condition(TypedDict, total=False):
+    # A pod's or a node's, without its times: a node status update that only renews its
+    # heartbeats decodes to the node as it was, which is no event for bind (kube-scheduler's
+    # node hints ignore them); a pod's times are read by nobody.
     type: Any
     status: Any
     reason: Any
@@ -88,7 +91,7 @@ class PodStatus(TypedDict, total=False):
     phase: Any
     startTime: Any
     nominatedNodeName: Any
-    conditions: list[PodCondition]
+    conditions: list[Condition]
     resourceClaimStatuses: Any
 
 
@@ -105,19 +108,10 @@ class NodeSpec(TypedDict, total=False):
     taints: Any
 
 
-class NodeCondition(TypedDict, total=False):
-    # Without its heartbeat and transition times: a status update that only renews them decodes
-    # to the node as it was, which is no event for bind (kube-scheduler's node hints ignore them).
-    type: Any
-    status: Any
-    reason: Any
-    message: Any
-
-
 class NodeStatus(TypedDict, total=False):
     capacity: Any
     allocatable: Any
-    conditions: list[NodeCondition]
+    conditions: list[Condition]
 
 
 class Node(TypedDict, total=False):
