@@ -26,8 +26,10 @@ from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .quota import QuotaDodge, check_not_written, patch_for_requests, quota_requests
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
+from .workloads import WorkloadUnreadable, jobset_annotations, jobset_pod
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+STATUS_REASONS = {400: "BadRequest", 404: "NotFound", 503: "ServiceUnavailable"}
 CONTAINER_FIELDS = ("initContainers", "containers")
 
 
@@ -192,6 +194,22 @@ def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = 
     return ops + label_patch(pod)
 
 
+def with_annotations(pod: Mapping[str, Any], written: Mapping[str, str]) -> Mapping[str, Any]:
+    """`pod` as it is once `written` is added to its annotations."""
+    if not written:
+        return pod
+    meta = metadata(pod)
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    return {**pod, "metadata": {**meta, "annotations": {**annotations, **written}}}
+
+
+def annotation_patch(pod: Mapping[str, Any], written: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The operations adding `written` to the annotations of `pod` (which has some: its map)."""
+    return [{"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value}
+            for key, value in written.items()]
+
+
 def label_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The operation adding the label the event source selects on; empty when it is there."""
     labels = metadata(pod).get("labels")
@@ -209,6 +227,7 @@ class Decision:
     warnings: tuple[str, ...] = ()
     message: str = ""
     reason: str = ""  # for logs and metrics: why this decision
+    code: int = 400  # a refusal's status: 400 for the pod's own fault; 503 where a retry can succeed
 
 
 def _invalid_gang(pod: Mapping[str, Any]) -> Decision | None:
@@ -223,10 +242,13 @@ def _invalid_gang(pod: Mapping[str, Any]) -> Decision | None:
 
 
 def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
-           product_of: Callable[[str], str | None] | None = None) -> Decision:
+           product_of: Callable[[str], str | None] | None = None,
+           jobset_of: Callable[[str, str, str], Mapping[str, Any]] | None = None) -> Decision:
     """The admission decision for one request; `default_mode` is the device env mode (devices.py)
     for pods that do not choose one. With `quota`, a placed pod also requests the GPUs it pins
-    (quota.py), of the GPU type `product_of(node)` names (None: unknown, the total only)."""
+    (quota.py), of the GPU type `product_of(node)` names (None: unknown, the total only).
+    `jobset_of(namespace, name, uid)`: the JobSet of a JobSet's pod (or WorkloadUnreadable), whose
+    completions and gang size the pod gets (workloads.py)."""
     if review.pod is None:
         return Decision(True, reason="NotAPodCreate")
     pod = review.pod
@@ -238,6 +260,16 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
             f"pod has the {ANNOTATION} annotation but spec.schedulerName is not {SCHEDULER_NAME!r}:"
             " its node is not enforced"
         )
+    written: dict[str, str] = {}  # what the pod's workload adds to it (workloads.py)
+    needs = jobset_pod(pod)
+    if needs is not None and jobset_of is not None:
+        try:
+            jobset = jobset_of(needs.namespace, needs.jobset, needs.uid)
+            written = jobset_annotations(jobset, needs.replicated_job) or {}
+        except WorkloadUnreadable as error:
+            return Decision(False, message=f"JobSet {needs.namespace}/{needs.jobset}: {error.message}",
+                            reason="JobSetUnreadable", code=503 if error.retry else 404)
+        pod = with_annotations(pod, written)
     try:
         mode = device_mode(pod, default_mode)
         resolved = resolve(pod)
@@ -250,7 +282,7 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
         if gang is not None:
             return gang
         # Still labelled, so bind hears of the pod and can report why it stays Pending.
-        return Decision(True, tuple(label_patch(pod)),
+        return Decision(True, (*annotation_patch(review.pod, written), *label_patch(pod)),
                         (*warnings, f"{SCHEDULER_NAME}: {why.message}; CUDA_VISIBLE_DEVICES not set"),
                         reason=why.reason)
     gang = _invalid_gang(pod)
@@ -273,7 +305,7 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
         patch = patch_for(pod, device_env(resolved.placement, mode), claims=mode == DRA, requests=wanted)
     except ClaimError as error:
         return Decision(False, message=str(error), reason="InvalidDRAClaim")
-    return Decision(True, tuple(patch), tuple(warnings), reason="Placed")
+    return Decision(True, (*annotation_patch(review.pod, written), *patch), tuple(warnings), reason="Placed")
 
 
 def response_for(review: Review, decision: Decision) -> dict[str, Any]:
@@ -285,7 +317,8 @@ def response_for(review: Review, decision: Decision) -> dict[str, Any]:
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     if not decision.allowed:
-        response["status"] = {"code": 400, "reason": "BadRequest", "message": decision.message}
+        response["status"] = {"code": decision.code, "reason": STATUS_REASONS.get(decision.code, "BadRequest"),
+                              "message": decision.message}
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
 
 

@@ -21,6 +21,7 @@ from . import ANNOTATION, SCHEDULER_NAME
 from .shapes import as_map as _map
 from .shapes import as_maps as _list
 from .placement import NotPlaceable, map_text, metadata, resolve, spec
+from .podindex import JOBSET_NAME_LABEL, LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 from .schedmap import Placement
 
 # -- names users know -----------------------------------------------------------------------------
@@ -33,6 +34,8 @@ GANG_ANNOTATION = "gpu-scheduler/gang"
 # A workload that sets this to "true" may share its GPUs with other workloads that set it too.
 SHARE_ANNOTATION = "gpu-scheduler/share-gpus"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# Workloads whose pods their controllers label with the workload's name (fit.workload).
+WORKLOAD_LABELS = (("JobSet", JOBSET_NAME_LABEL), ("LeaderWorkerSet", LWS_NAME_LABEL))
 CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
 # Pod-level resources (spec.resources, beta in 1.34) replace the containers' sum for these only.
 POD_LEVEL_RESOURCES = (CPU, MEMORY)
@@ -166,13 +169,32 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
 def workload(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """Who a pod belongs to: its controller (StatefulSet, Job, ...) by namespace, kind and name
     (so a pod `plan` expects, before its controller has a UID, belongs with the live ones); a bare
-    pod by its namespace and map (bare pods written from one map are one workload)."""
-    namespace = str(metadata(pod).get("namespace"))
-    for owner in _list(metadata(pod).get("ownerReferences")):
+    pod by its namespace and map (bare pods written from one map are one workload).
+
+    A JobSet's pods belong to the JobSet, not to their child Job, and a LeaderWorkerSet's to the
+    LeaderWorkerSet, not to their group's StatefulSet: one map indexes all of them, and they share
+    the devices their entries name, as the replicas of one StatefulSet do."""
+    meta = metadata(pod)
+    namespace = str(meta.get("namespace"))
+    labels = _map(meta.get("labels"))
+    for kind, label in WORKLOAD_LABELS:
+        name = labels.get(label)
+        if isinstance(name, str) and name:
+            return ("owner", namespace, kind, name)
+    for owner in _list(meta.get("ownerReferences")):
         if owner.get("controller") is True:
             return ("owner", namespace, str(owner.get("kind")), str(owner.get("name")))
     text = map_text(pod)
     return ("map", namespace, text if isinstance(text, str) else "")
+
+
+def gang_key(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pods a gang is formed from: the workload's, except that each group of a
+    LeaderWorkerSet (its leader and workers) is a gang of its own."""
+    key = workload(pod)
+    if key[0] == "owner" and key[2] == "LeaderWorkerSet":
+        return (*key, str(_map(metadata(pod).get("labels")).get(LWS_GROUP_INDEX_LABEL)))
+    return key
 
 
 def held_devices(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -213,6 +235,7 @@ class PodInfo:
     labels: tuple[tuple[str, str], ...] = ()
     terminating: bool = False
     gang: bool = False
+    group: tuple[str, ...] = ()  # gang_key: the pods preemption evicts together with this one
     grace_seconds: int = 30  # spec.terminationGracePeriodSeconds: how long an eviction may take
     # status.startTime (epoch seconds): of two victims of equal priority the longer-running is the more
     # important, as kube-scheduler's util.MoreImportantPod; a pod not started counts as started now.
@@ -227,7 +250,7 @@ class PodInfo:
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                    bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
-                   _grace_seconds(pod), _start_time(pod))
+                   gang_key(pod), _grace_seconds(pod), _start_time(pod))
 
 
 def _grace_seconds(pod: Mapping[str, Any]) -> int:

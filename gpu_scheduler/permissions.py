@@ -34,7 +34,7 @@ BIND = frozenset({
     ("resource.k8s.io", "resourceclaims/status", "update"),  # its allocation and reservation for the pod
 })
 # What bind uses only with quotas on (GPU_SCHEDULER_QUOTA; the chart's quota.enabled): the chart grants
-# it only then, and mutate (MUTATE) then nothing at all.
+# it only then, and mutate (MUTATE_QUOTA) likewise.
 BIND_QUOTA = frozenset({("", "nodes/status", "patch")})
 # bind's device records: one Lease per node and device, in bind's own namespace only (a Role).
 BIND_RECORDS = frozenset({
@@ -45,10 +45,14 @@ BIND_RECORDS = frozenset({
     ("coordination.k8s.io", "leases", "update"),  # a sibling joins, a free record is taken over
     ("coordination.k8s.io", "leases", "delete"),  # a record whose pods are gone is removed
 })
-# mutate: the GPU type of the node a pod is pinned to (its nvidia.com/gpu.product label), for the
-# per-type quota request (functions/mutate/nodeproduct.py).
-MUTATE = frozenset({
+# mutate, with quotas on: the GPU type of the node a pod is pinned to (its nvidia.com/gpu.product
+# label), for the per-type quota request (functions/mutate/nodeproduct.py).
+MUTATE_QUOTA = frozenset({
     ("", "nodes", "get"),
+})
+MUTATE = MUTATE_QUOTA | frozenset({
+    # A JobSet's pod: its Job's completions and its gang's size (gpu_scheduler/workloads.py).
+    ("jobset.x-k8s.io", "jobsets", "get"),
 })
 # The ApiServerSource's own account: it lists and watches pods and sends them on.
 EVENT_SOURCE = frozenset({

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings
-from .fit import is_terminal, workload as workload_of
+from .fit import gang_key, is_terminal, workload as workload_of
 from .fit import PodInfo
 from .framework.runtime import PRE_ENQUEUE, Framework, Verdict
 from .framework.snapshot import NodeSnapshot
@@ -332,7 +332,7 @@ class ReadView:
     def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
         pending, bound = [], []
         for other in self._pods:
-            if workload_of(other) != key or is_terminal(other):
+            if gang_key(other) != key or is_terminal(other):
                 continue
             if spec(other).get("nodeName"):
                 bound.append(_name_of(other))

@@ -61,6 +61,7 @@ CALLS = {
     "watch_all_pods": ("", "pods", "watch"),
     "patch_pod_status": ("", "pods/status", "patch"),
     "read_node": ("", "nodes", "get"),
+    "read_jobset": ("jobset.x-k8s.io", "jobsets", "get"),
     "list_nodes": ("", "nodes", "list"),
     "watch_nodes": ("", "nodes", "watch"),
     "read_lease": ("coordination.k8s.io", "leases", "get"),
@@ -309,6 +310,10 @@ class Kube:
 
     def watch_pdbs(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
         return self.watch("/apis/policy/v1/poddisruptionbudgets", resource_version, seconds)
+
+    def read_jobset(self, namespace: str, name: str) -> dict:
+        return self._call("GET", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{quote(namespace)}"
+                                 f"/jobsets/{quote(name)}")
 
     def read_node(self, name: str, cached: bool = False) -> dict:
         """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""

@@ -371,7 +371,7 @@ def test_malformed_map_is_denied_for_any_scheduler_and_any_index():
 
 @pytest.mark.parametrize("pod, reason, why", [
     (make_pod(None, generate_name="web-"), "UnknownIndex",
-     "the pod has no name yet (only generateName 'web-'), so its index is unknown; use a StatefulSet or an Indexed Job"),
+     "the pod has no name yet (only generateName 'web-'), so its index is unknown; use a StatefulSet, an Indexed Job, a JobSet or a LeaderWorkerSet, or name the label that holds the index in gpu-scheduler/index-label"),
     (make_pod("web"), "UnknownIndex",
      "pod name 'web' does not end in -<index> and the pod has no apps.kubernetes.io/pod-index label or "
      "batch.kubernetes.io/job-completion-index annotation"),
@@ -680,7 +680,7 @@ def test_device_env_in_dra_mode():
 # --------------------------------------------------------------------------- gangs (docs/gangs.md)
 
 GANG = "gpu-scheduler/gang"
-GANG_FIX = ('set gpu-scheduler/gang to "true" (the gang is every entry of the map), to the number of replicas the'
+GANG_FIX = ('set gpu-scheduler/gang to "true" (the gang is every pod of the workload), to the number of replicas the'
             ' gang needs, or to "false"')
 
 

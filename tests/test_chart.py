@@ -159,9 +159,10 @@ def test_rbac_is_permissions(helm, values):
     bind = permissions.BIND if quota else permissions.BIND - permissions.BIND_QUOTA
     assert account_grants("bind", docs, namespace) == {"cluster": bind, namespace: permissions.BIND_RECORDS}
     assert account_grants("pod-events", docs, namespace) == {"cluster": permissions.EVENT_SOURCE}
-    assert account_grants("mutate", docs, namespace) == ({"cluster": permissions.MUTATE} if quota else {})
-    assert find(docs, "ServiceAccount", "mutate").get("automountServiceAccountToken", True) is quota, (
-        "mutate's pods get a token only when they make API calls")
+    assert account_grants("mutate", docs, namespace) == (
+        {"cluster": permissions.MUTATE if quota else permissions.MUTATE - permissions.MUTATE_QUOTA})
+    assert find(docs, "ServiceAccount", "mutate").get("automountServiceAccountToken", True) is True, (
+        "mutate reads JobSets, with or without quotas")
     for ksvc, account in (("bind", "bind"), ("mutate", "mutate")):
         assert find(docs, "Service", ksvc)["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert find(docs, "ApiServerSource", "pod-events")["spec"]["serviceAccountName"] == "pod-events"

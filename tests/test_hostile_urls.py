@@ -26,6 +26,7 @@ RESOURCE = {
     "read_pod": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name],
     "patch_pod_status": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name, "status"],
     "read_node": lambda ns, name: ["api", "v1", "nodes", name],
+    "read_jobset": lambda ns, name: ["apis", "jobset.x-k8s.io", "v1alpha2", "namespaces", ns, "jobsets", name],
     "patch_node_status": lambda ns, name: ["api", "v1", "nodes", name, "status"],
     "list_resource_quotas": lambda ns, name: ["api", "v1", "namespaces", ns, "resourcequotas"],
     "create_event": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],

@@ -93,10 +93,12 @@ def test_declared_index_must_be_decimal(value, where, build):
 @pytest.mark.parametrize("metadata_, message", [
     (meta(generate_name="web-"),
      "the pod has no name yet (only generateName 'web-'), so its index is unknown; "
-     "use a StatefulSet or an Indexed Job"),
+     "use a StatefulSet, an Indexed Job, a JobSet or a LeaderWorkerSet, or name the label that holds the"
+         " index in gpu-scheduler/index-label"),
     (meta("", generate_name="deploy-5d8f-"),
      "the pod has no name yet (only generateName 'deploy-5d8f-'), so its index is unknown; "
-     "use a StatefulSet or an Indexed Job"),
+     "use a StatefulSet, an Indexed Job, a JobSet or a LeaderWorkerSet, or name the label that holds the"
+         " index in gpu-scheduler/index-label"),
     (meta(), "the pod has no name, so its index is unknown"),
     (meta(""), "the pod has no name, so its index is unknown"),
     (meta(generate_name=""), "the pod has no name, so its index is unknown"),
@@ -104,7 +106,8 @@ def test_declared_index_must_be_decimal(value, where, build):
     (meta(5, generate_name=7), "the pod has no name, so its index is unknown"),
     (meta(["web-3"], generate_name="web-"),
      "the pod has no name yet (only generateName 'web-'), so its index is unknown; "
-     "use a StatefulSet or an Indexed Job"),
+     "use a StatefulSet, an Indexed Job, a JobSet or a LeaderWorkerSet, or name the label that holds the"
+         " index in gpu-scheduler/index-label"),
 ])
 def test_no_name(metadata_, message):
     assert unknown(metadata_) == message
@@ -195,7 +198,8 @@ def test_placement_for_the_seed(index, node, devices):
      "invalid gpu-scheduling-map annotation: line 1 'x': expected '<index>=<node>:<devices>', found no '='"),
     (pod(None, generate_name="web-"), UNKNOWN_INDEX,
      "the pod has no name yet (only generateName 'web-'), so its index is unknown; "
-     "use a StatefulSet or an Indexed Job"),
+     "use a StatefulSet, an Indexed Job, a JobSet or a LeaderWorkerSet, or name the label that holds the"
+         " index in gpu-scheduler/index-label"),
     (pod("web"), UNKNOWN_INDEX,
      f"pod name 'web' does not end in -<index> and the pod has no {STS} label or {JOB} annotation"),
     (pod("web-5"), NO_ENTRY, "pod index 5 has no entry in the gpu-scheduling-map annotation (entries: 0, 1, 2, 3, 4)"),

@@ -24,7 +24,7 @@ import msgspec
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.binding import placement_inputs
-from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal, workload
+from gpu_scheduler.fit import NodeInfo, PodInfo, gang_key, is_terminal
 from gpu_scheduler.framework.events import ClusterEvent
 from gpu_scheduler.plugins.dynamicresources.allocator import Device, allocated, drivers_on, node_devices
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
@@ -133,9 +133,10 @@ class Cache:
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
         self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
-        # Pod groups (the Gang plugin's WorkloadPods): workload -> the uids of its pending pods, and
-        # workload -> uid -> namespace/name of its assigned pods (bound members count), kept with
-        # _pending and _pods_on: a group's attempt looks up its workload's pods, not every pod.
+        # Pod groups (the Gang plugin's WorkloadPods), by fit.gang_key (a workload, or one group of a
+        # LeaderWorkerSet): group -> the uids of its pending pods, and group -> uid -> namespace/name
+        # of its assigned pods (bound members count), kept with _pending and _pods_on: a group's
+        # attempt looks up its own pods, not every pod.
         self._workload_pending: dict[tuple[str, ...], dict[str, None]] = {}
         self._assigned_of: dict[tuple[str, ...], dict[str, str]] = {}
         self._records: dict[tuple[str, str], Record] = {}
@@ -182,7 +183,7 @@ class Cache:
             return tuple(pdb for namespace in namespaces for pdb in self._pdbs.get(namespace, {}).values())
 
     def members_of(self, key: tuple[str, ...]) -> tuple[tuple[str, PodInfo], ...]:
-        """(node, pod) of each bound pod of the workload `key` (a gang's members, for preemption)."""
+        """(node, pod) of each bound pod of the group `key` (fit.gang_key: a gang's members, for preemption)."""
         with self._lock:
             return tuple((self._node_of[uid], self._pods_on[self._node_of[uid]][uid])
                          for uid in self._assigned_of.get(key, {}) if uid in self._node_of)
@@ -201,7 +202,7 @@ class Cache:
             return self._node_of.get(uid)
 
     def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers:
-        """The pods of workload `key` as this instance sees them: its pending pods (those this
+        """The pods of group `key` (fit.gang_key) as this instance sees them: its pending pods (those this
         instance has bound and the watch not yet shown count as bound), and its bound ones."""
         with self._lock:
             assumed = {uid for pods in self._assumed.values() for uid in pods}
@@ -345,7 +346,7 @@ class Cache:
                 self._index_pending(uid, entry)
             for pods in pods_on.values():
                 for uid, info in pods.items():
-                    self._assigned_of.setdefault(info.workload, {})[uid] = info.name
+                    self._assigned_of.setdefault(info.group, {})[uid] = info.name
         # a listing finds every pending pod: each is tried again
         return Changes(events=tuple((POD_LEAVES, node) for node in left.values()), forget=tuple(gone_pending),
                        pending=tuple((uid, entry.pod) for uid, entry in pending.items()))
@@ -403,16 +404,16 @@ class Cache:
         self._index_pending(uid, self._pending[uid])
 
     def _index_pending(self, uid: str, entry: PendingPod) -> None:
-        """Inside the lock: a pending pod, under its workload."""
+        """Inside the lock: a pending pod, under its group (fit.gang_key)."""
         if entry.pod is not None:
-            self._workload_pending.setdefault(workload(entry.pod), {})[uid] = None
+            self._workload_pending.setdefault(gang_key(entry.pod), {})[uid] = None
 
     def _drop_pending(self, uid: str) -> bool:
         entry = self._pending.pop(uid, None)
         if entry is not None:
             self._pending_bytes -= entry.size
             if entry.pod is not None:
-                key = workload(entry.pod)
+                key = gang_key(entry.pod)
                 members = self._workload_pending.get(key)
                 if members is not None and members.pop(uid, 0) is None and not members:
                     del self._workload_pending[key]
@@ -425,7 +426,7 @@ class Cache:
             return
         pods[uid] = info
         self._node_of[uid] = node
-        self._assigned_of.setdefault(info.workload, {})[uid] = info.name
+        self._assigned_of.setdefault(info.group, {})[uid] = info.name
         # A pod added is one more; a changed one means summing again (rare: resizes).
         self._listed[node] = (self._listed.get(node, NodeInfo()).plus(info) if before is None
                               else NodeInfo.of(pods.values()))
@@ -440,10 +441,10 @@ class Cache:
         pods = self._pods_on.get(node, {})
         info = pods.pop(uid, None)
         if info is not None:
-            of = self._assigned_of.get(info.workload, {})
+            of = self._assigned_of.get(info.group, {})
             of.pop(uid, None)
             if not of:
-                self._assigned_of.pop(info.workload, None)
+                self._assigned_of.pop(info.group, None)
         self._listed[node] = NodeInfo.of(pods.values())
         self._assumed.get(node, {}).pop(uid, None)
         self._changed(node)

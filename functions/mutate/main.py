@@ -15,6 +15,7 @@ from flask import Request
 from gpu_scheduler.admission import ReviewError, decide, parse_review, response_for
 from gpu_scheduler.devices import CUDA, MODES
 from kubeapi import projection
+from jobsets import JobSets
 from nodeproduct import NodeProducts
 from serving import draining, fastpath, jsonlog
 
@@ -54,6 +55,8 @@ if QUOTA not in ("true", "false"):
     raise SystemExit(f"GPU_SCHEDULER_QUOTA={QUOTA!r}: expected true or false")
 QUOTA_ON = QUOTA == "true"
 node_products = NodeProducts.from_environment() if QUOTA_ON else NodeProducts(None)
+# A JobSet's pods get their Job's completions and their gang's size from the JobSet (workloads.py).
+jobsets = JobSets.from_environment()
 DECISIONS = prom.Counter("gpu_scheduler_admission_decisions_total", "Admission decisions", ["allowed", "reason"])
 ERRORS = prom.Counter("gpu_scheduler_admission_errors_total", "Rejected requests", ["status"])
 # _duration_seconds, as the API server's own apiserver_admission_webhook_admission_duration_seconds.
@@ -123,7 +126,7 @@ def _decide(raw: bytes, started: float, deadline: float):
         return _error(400, f"malformed {kind}: {str(error)[:500]}")
     if late := _past(deadline):
         return late
-    decision = decide(review, DEVICE_ENV_MODE, QUOTA_ON, node_products)
+    decision = decide(review, DEVICE_ENV_MODE, QUOTA_ON, node_products, jobsets)
     elapsed = time.perf_counter() - started
     DECISIONS.labels(str(decision.allowed).lower(), decision.reason).inc()
     LATENCY.observe(elapsed)

@@ -205,10 +205,10 @@ def _units(pod: Mapping[str, Any], node: NodeSnapshot, priority: int, members_of
         if not info.gang:
             units.append(_Unit((info,), ()))
             continue
-        if info.workload in seen_gangs:
+        if info.group in seen_gangs:
             continue
-        seen_gangs.add(info.workload)
-        members = ([(where, member) for where, member in members_of(info.workload) if not member.terminating]
+        seen_gangs.add(info.group)
+        members = ([(where, member) for where, member in members_of(info.group) if not member.terminating]
                    or [(node.name, info)])
         here = tuple(m for where, m in members if where == node.name)
         elsewhere = tuple(Victim(m, where) for where, m in members if where != node.name)
@@ -301,8 +301,9 @@ class PreemptionListers(Protocol):
     def pdbs(self, node: NodeSnapshot) -> Sequence[Mapping[str, Any]]:
         """The PodDisruptionBudgets of the namespaces of the node's pods."""
 
-    def members_of(self, workload: tuple[str, ...]) -> Sequence[tuple[str, PodInfo]]:
-        """(node, PodInfo) of each bound pod of the workload (a gang's members)."""
+    def members_of(self, group: tuple[str, ...]) -> Sequence[tuple[str, PodInfo]]:
+        """(node, PodInfo) of each bound pod of the gang `group` (fit.gang_key: a workload, or one group
+        of a LeaderWorkerSet)."""
 
 
 class Preemptor(PreemptionListers, Protocol):

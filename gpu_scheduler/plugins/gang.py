@@ -1,7 +1,8 @@
 """Gang (PodGroup, PreFilter, Permit): a workload's replicas bound together, or none of them holding
-anything (docs/gangs.md). The pod template opts in with `gpu-scheduler/gang`: "true" (every entry
-of the map) or N (that many replicas). The gang is the workload (fit.workload: one controller in
-one namespace), and its members are its non-terminal pods; bound members count toward the quorum,
+anything (docs/gangs.md). The pod template opts in with `gpu-scheduler/gang`: "true" (every pod of
+the gang) or N (that many replicas). The gang is the workload (fit.gang_key: one controller in one
+namespace; a whole JobSet, all its replicated jobs; one group of a LeaderWorkerSet, its leader and
+workers), and its members are its non-terminal pods; bound members count toward the quorum,
 as in scheduler-plugins' coscheduling, so a member re-created while the rest are bound goes alone.
 
 This module is the one place that knows a pod's gang. PodGroup forms it from the workload's pods
@@ -25,12 +26,14 @@ from ..framework.interface import (
     ANY_NODE_RESULT, SKIP, SUCCESS, Code, CycleState, PermitPlugin, PermitStage, PodGroup, PodGroupPlugin,
     PreFilterPlugin, PreFilterResult, Status, unresolvable, unschedulable,
 )
-from ..fit import GANG_ANNOTATION, workload
+from ..fit import GANG_ANNOTATION, gang_key, workload
 from ..placement import map_text, metadata
-from ..podindex import IndexUnknown, pod_index
+from ..podindex import LWS_SIZE_ANNOTATION, IndexUnknown, pod_index
 from ..schedmap import MapError, parse_map, shown
 
 NAME = "Gang"
+# Written by mutate on a JobSet's pods that ask for a gang: how many pods the JobSet's gang has.
+GANG_SIZE = "gpu-scheduler/gang-size"
 SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
 MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
 
@@ -41,22 +44,47 @@ class GangError(ValueError):
 
 def gang_size(pod: Mapping[str, Any]) -> int | None:
     """How many replicas the pod's gang needs, or None when the pod is no gang's member.
-    GangError for a value that is neither "true", "false" nor a number from 1 to the map's entries."""
-    annotations = metadata(pod).get("annotations") or {}
+    GangError for a value that is neither "true", "false" nor a number from 1 to the gang's pods.
+
+    "true" is every pod the gang can have: every entry of the map; a LeaderWorkerSet group's
+    `size`; for a JobSet, replicas × parallelism summed over its replicated jobs that ask for the
+    gang (mutate reads the JobSet and writes it, GANG_SIZE)."""
+    meta = metadata(pod)
+    annotations = meta.get("annotations") or {}
     value = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
     if value is None or value == "false":
         return None
-    fix = (f'set {GANG_ANNOTATION} to "true" (the gang is every entry of the map), to the number of replicas the'
-           ' gang needs, or to "false"')
+    fix = (f'set {GANG_ANNOTATION} to "true" (the gang is every pod of the workload), to the number of replicas'
+           ' the gang needs, or to "false"')
     if not isinstance(value, str) or not (value == "true" or (value.isascii() and value.isdigit())):
         raise GangError(f"{GANG_ANNOTATION}: {shown(value)} is not a gang size: {fix}")
-    entries = _entries(map_text(pod) or "")
+    whole, what = _whole_gang(pod, annotations)
     if value == "true":
-        return max(entries, 1)
+        return max(whole, 1)
     size = int(value[:12])  # more digits than that exceed any map
-    if size < 1 or (entries and size > entries):
-        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} must be from 1 to the map's {entries} entries: {fix}")
+    if size < 1 or (whole and size > whole):
+        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} must be from 1 to {what}: {fix}")
     return size
+
+
+def _whole_gang(pod: Mapping[str, Any], annotations: Mapping[str, Any]) -> tuple[int, str]:
+    """How many pods the pod's whole gang has (0: unknown, for a malformed map), and what that is."""
+    kind = workload(pod)
+    if kind[0] == "owner" and kind[2] == "LeaderWorkerSet":
+        size = annotations.get(LWS_SIZE_ANNOTATION)
+        if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 12):
+            raise GangError(f"a pod of LeaderWorkerSet {kind[3]} without annotation {LWS_SIZE_ANNOTATION}, which its"
+                            " controller sets: its group's size is unknown")
+        return int(size), f"the group's size, {size}"
+    if kind[0] == "owner" and kind[2] == "JobSet":
+        size = annotations.get(GANG_SIZE)
+        if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 12):
+            raise GangError(f"a pod of JobSet {kind[3]} without annotation {GANG_SIZE} (the pods of the JobSet's gang,"
+                            " which gpu-scheduler's webhook writes when it admits the pod): check that the webhook"
+                            " is installed and running, then delete the pod (its Job re-creates it)")
+        return int(size), f"the {size} pods of the JobSet that ask for the gang"
+    entries = _entries(map_text(pod) or "")
+    return entries, f"the map's {entries} entries"
 
 
 @functools.lru_cache(maxsize=256)
@@ -71,10 +99,11 @@ def _entries(text: str) -> int:
 
 
 def gang_name(pod: Mapping[str, Any]) -> str:
-    """The gang as users know it: <namespace>/<controller>, or a bare pods' map."""
-    who = workload(pod)
+    """The gang as users know it: <namespace>/<controller>, a LeaderWorkerSet's group, or a bare
+    pods' map."""
+    who = gang_key(pod)
     if who[0] == "owner":
-        return f"{who[1]}/{who[3]}"
+        return f"{who[1]}/{who[3]}" + (f" group {who[4]}" if len(who) > 4 else "")
     return f"{who[1]}/pods of one map"
 
 
@@ -150,7 +179,8 @@ class WorkloadMembers:
 
 
 class WorkloadPods(Protocol):
-    """What Gang reads of the handle: the pods of one workload (fit.workload's key)."""
+    """What Gang reads of the handle: the pods of one gang (fit.gang_key: a workload, or one group
+    of a LeaderWorkerSet)."""
 
     def workload_pods(self, key: tuple[str, ...]) -> WorkloadMembers: ...
 
@@ -164,7 +194,7 @@ class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
         """The pod's gang; None when it asks for none (a malformed ask too: PreFilter refuses it)."""
         if gang_size_or_none(pod) is None:
             return None
-        members = cluster.workload_pods(workload(pod))
+        members = cluster.workload_pods(gang_key(pod))
         return gang_of(pod, members.pending, members.bound)
 
     def group_name(self, pod: Mapping[str, Any]) -> str | None:
