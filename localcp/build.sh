@@ -7,7 +7,8 @@
 #     (localcp/k8smodule.sh says why).
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
-# Sibling scripts add the nodes' parts, helm, the DRA test driver and Argo CD's CRDs.
+# Sibling scripts add the nodes' parts, helm, the DRA test driver, the workload controllers
+# (JobSet, LeaderWorkerSet) and Argo CD's CRDs.
 # Modules come through the machine's own Go proxy configuration; Debian packages through the
 # mirror its apt sources name.
 set -euo pipefail
@@ -27,6 +28,9 @@ bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
 bash "$(dirname "${BASH_SOURCE[0]}")/build-helm.sh"
 # Kubernetes' DRA test driver, the real nodes' DRA kubelet plugin (likewise before the exit).
 bash "$(dirname "${BASH_SOURCE[0]}")/build-dra.sh"
+# The real JobSet and LeaderWorkerSet controllers with their CRDs and webhooks, which
+# localcp/workloads.py runs beside the control plane (likewise before the exit).
+bash "$(dirname "${BASH_SOURCE[0]}")/build-workloads.sh"
 # Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/ (likewise).
 bash "$(dirname "${BASH_SOURCE[0]}")/fetch-argocd-crds.sh"
 if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi

@@ -30,6 +30,7 @@ from . import images, incluster, pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
 from .eventsource import ApiServerSource, Sender, ping_headers
 from .nodes import Nodes, node_addresses
+from .workloads import WorkloadControllers
 
 PYTHON = sys.executable
 WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
@@ -40,7 +41,7 @@ MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
                  in_cluster: bool = False, mutate_drain_seconds: float = 0, functions: bool = True,
-                 **source_options):
+                 workloads: tuple[str, ...] = (), **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
@@ -49,7 +50,10 @@ class LocalStack:
         for bind: nothing here routes by readiness, and a stack stops faster without it.
         functions=False (with in_cluster): the nodes, with the functions' images loaded, and the
         pod network, but no bind, mutate, webhook or event source: room for a release of the chart
-        (tests/test_chart_runtime.py installs it with helm); pass webhook=False, event_source=False."""
+        (tests/test_chart_runtime.py installs it with helm); pass webhook=False, event_source=False.
+        workloads: the real workload controllers to run beside the control plane, e.g.
+        ("jobset", "lws") (localcp/workloads.py; self.workloads), started right after it, before
+        our own webhook, and stopped first."""
         self.mutate_drain_seconds = mutate_drain_seconds
         self._mutates = 0
         real_nodes = real_nodes or in_cluster
@@ -58,6 +62,7 @@ class LocalStack:
         self.in_cluster = in_cluster
         self.functions = functions
         self.nodes: Nodes | None = None
+        self.workloads = WorkloadControllers(self.cp, tuple(workloads)) if workloads else None
         self.webhook = webhook
         self.event_source = event_source
         self.source_options = source_options
@@ -77,6 +82,8 @@ class LocalStack:
     def __enter__(self) -> "LocalStack":
         try:
             self.cp.start()
+            if self.workloads:
+                self.workloads.start()
             if self.real_nodes:
                 functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
                 self.nodes = Nodes(self.cp, extra_images=functions).start()
@@ -101,6 +108,8 @@ class LocalStack:
     def __exit__(self, *exc) -> None:
         if self.source:
             self.source.stop()
+        if self.workloads:
+            self.workloads.stop()  # their webhook configurations first, then the processes
         if self.nodes:
             self.nodes.stop()  # pods deleted through the API first, then kubelets and containerds
         self.cp.__exit__(*exc)

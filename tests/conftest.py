@@ -170,9 +170,14 @@ def release_namespace(stack, name: str) -> None:
     """Remove the test's workloads and pods at once. Pods bound to nodes without kubelets never
     finish a graceful deletion, and a pod on a node, Terminating or not, holds its cpu, host ports
     and GPUs for the fit checks (as for kube-scheduler's): left behind, they would keep the next
-    test's replicas Pending on node1..node4."""
+    test's replicas Pending on node1..node4. JobSets and LeaderWorkerSets first (orphaning their
+    Jobs and StatefulSets; nothing to do on a stack without their CRDs), so that no controller
+    of theirs makes the Jobs and StatefulSets again."""
     from kubernetes import client
 
+    from localcp.workloads import delete_workloads
+
+    delete_workloads(stack.api_client, name)
     orphan = client.V1DeleteOptions(propagation_policy="Orphan")
     client.AppsV1Api(stack.api_client).delete_collection_namespaced_stateful_set(name, body=orphan)
     client.BatchV1Api(stack.api_client).delete_collection_namespaced_job(name, body=orphan)
