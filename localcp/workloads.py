@@ -145,7 +145,18 @@ class WorkloadControllers:
             names += [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in files]
             # server-side: the CRDs are too large for the last-applied annotation
             self.cp.kubectl("apply", "--server-side", "--force-conflicts", *(a for f in files for a in ("-f", str(f))))
-        self.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        # Polled rather than `kubectl wait`, which fails at once when its discovery of the new
+        # resources races their registration (seen with the real nodes' stack).
+        deadline = time.monotonic() + 60
+        while True:
+            pending = [name for name in names if self.cp.kubectl(
+                "get", name, "-o", "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                check=False).stdout.strip() != "True"]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs not Established after 60 s: {', '.join(pending)}")
+            time.sleep(0.2)
 
     def configuration(self, controller: Controller, webhook_port: int, health_port: int, certs: Path) -> dict:
         """The controller's Configuration file (its API's `Configuration` kind, JSON is YAML)."""
