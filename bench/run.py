@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import decode, framework, gang, hostile, namespace_name, quota, scale, soak
+from bench import decode, framework, gang, hostile, namespace_name, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -653,6 +653,8 @@ def table(results: dict) -> str:
         bool(s["ratio"]) and s["ratio"] <= 1.2)
     if results.get("gang"):
         rows += gang.rows(results["gang"])
+    if results.get("workloads"):
+        rows += workloads.rows(results["workloads"])
     if results.get("quota"):
         rows += quota.rows(results["quota"])
     r = results.get("real_nodes")
@@ -714,7 +716,7 @@ def main() -> int:
         print("bench: cold start", flush=True)
         results["cold_start_s"] = {t: cold_start(t, cold_kubeconfig, max(3, reps)) for t in ("mutate", "bind")}
     print("bench: bind vs kube-scheduler, create to bound; StatefulSet end to end", flush=True)
-    with LocalStack() as stack:
+    with LocalStack(workloads=("jobset",)) as stack:  # the real JobSet controller: bench/workloads.py
         # First: the StatefulSet's replicas stay bound to the four nodes (no kubelets remove
         # them), past the nodes' pod capacity, where kube-scheduler would place nothing more.
         results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
@@ -723,6 +725,9 @@ def main() -> int:
         results["statefulset"] = statefulset_end_to_end(stack, replicas)
         print("bench: a gang against the same StatefulSet without the annotation, create to bound", flush=True)
         results["gang"] = gang.gang_speed(stack, 20 if args.smoke else gang.REPLICAS, 1 if args.smoke else 4)
+        print("bench: a JobSet of 4 child Jobs against a StatefulSet of as many pods, gang and not, create to bound",
+              flush=True)
+        results["workloads"] = workloads.workload_speed(stack, 20 if args.smoke else workloads.PODS, 1 if args.smoke else 3)
         print("bench: admission and create to bound with a ResourceQuota on pinned GPUs, and without", flush=True)
         results["quota"] = quota.quota_cost(stack, n if args.smoke else 300, reps)
         # Last on this stack: its own bind is stopped meanwhile, one bind at a time placing.
