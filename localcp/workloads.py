@@ -80,6 +80,11 @@ CONTROLLERS = {
 }
 
 
+def _established(crd: dict) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
+
+
 @dataclass
 class _Running:
     controller: Controller
@@ -145,7 +150,18 @@ class WorkloadControllers:
             names += [f"crd/{yaml.safe_load(f.read_text())['metadata']['name']}" for f in files]
             # server-side: the CRDs are too large for the last-applied annotation
             self.cp.kubectl("apply", "--server-side", "--force-conflicts", *(a for f in files for a in ("-f", str(f))))
-        self.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        # Polled, not `kubectl wait --for=condition=Established`: that fails at once ("accessor
+        # error: <nil> is of the type <nil>") on a CRD whose status has no conditions yet, as a
+        # just-created one may (seen with the JobSet controller's one CRD alone).
+        deadline = time.monotonic() + 60
+        pending = [name.removeprefix("crd/") for name in names]
+        while pending:
+            pending = [name for name in pending if not _established(json.loads(self.cp.get(
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")))]
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs {pending} not Established after 60s")
+            if pending:
+                time.sleep(0.2)
 
     def configuration(self, controller: Controller, webhook_port: int, health_port: int, certs: Path) -> dict:
         """The controller's Configuration file (its API's `Configuration` kind, JSON is YAML)."""
