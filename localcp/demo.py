@@ -17,7 +17,15 @@ class, runs first; the seed is applied with a high-priority class. bind evicts t
 the Eviction API (DisruptionTarget PreemptionByScheduler, a `Preempted` Event naming the
 preemptor), the holder's containers stop, and all five replicas are placed and Running; the holder's
 replacement, of lower priority, waits. The demo fails (exit 1) if the holder is not evicted, or if
-its replacement takes the GPU back."""
+its replacement takes the GPU back.
+
+`make demo WORKLOAD=jobset` (--workload jobset), `WORKLOAD=lws` (--workload lws): the example
+examples/jobset-torchrun.yaml or examples/lws-vllm.yaml, run by the real JobSet or LeaderWorkerSet
+controller beside the control plane (localcp/workloads.py), with its containers replaced by the
+seed's check container (its map, schedulerName and annotations kept). Its 4 pods Running, each
+pod's index (JobSet: job-index × completions + completion index; LWS: group × size + worker), node
+and log line; the demo fails (exit 1) unless every pod runs on its entry's node with
+CUDA_VISIBLE_DEVICES equal to its entry's devices."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +36,8 @@ import sys
 import time
 
 import yaml
+
+from gpu_scheduler.schedmap import parse_map
 
 from .cluster import KUBERNETES_VERSION, REPO, ensure_built
 from .stack import LocalStack
@@ -243,6 +253,165 @@ def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str
     print(text[text.index("Events:"):], end="")
 
 
+# --workload: the examples users copy, run with the seed's check container.
+EXAMPLES = REPO / "examples"
+JOBSET_LABEL, LWS_LABEL = "jobset.sigs.k8s.io", "leaderworkerset.sigs.k8s.io"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+MAP_ANNOTATION = "gpu-scheduling-map"
+JOB_COMPLETIONS = "gpu-scheduler/job-completions"
+WORKLOADS = {  # --workload: (example, its kind, the label that names its pods' workload)
+    "jobset": (EXAMPLES / "jobset-torchrun.yaml", "JobSet", f"{JOBSET_LABEL}/jobset-name"),
+    "lws": (EXAMPLES / "lws-vllm.yaml", "LeaderWorkerSet", f"{LWS_LABEL}/name"),
+}
+LOG_LINE = re.compile(r"node=(\S+) CUDA_VISIBLE_DEVICES=(\S+)")
+
+
+def example_workload(workload: str) -> dict:
+    """The example's JobSet or LeaderWorkerSet document, as users copy it."""
+    path, kind, _ = WORKLOADS[workload]
+    [found] = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == kind]
+    return found
+
+
+def pod_templates(manifest: dict) -> list[dict]:
+    """The pod templates of a JobSet (one per replicated job) or a LeaderWorkerSet (its leader's,
+    if any, and its workers')."""
+    if manifest["kind"] == "JobSet":
+        return [job["template"]["spec"]["template"] for job in manifest["spec"]["replicatedJobs"]]
+    template = manifest["spec"]["leaderWorkerTemplate"]
+    return [template[key] for key in ("leaderTemplate", "workerTemplate") if key in template]
+
+
+def demo_workload(workload: str) -> dict:
+    """The example with each pod template's containers replaced by the seed's check container
+    (the seed's image, command and security settings; no volumes, which only the example's
+    containers mount); its metadata (map, annotations, labels) and schedulerName kept. A JobSet's
+    pods keep restartPolicy Never: the check runs until the pod is deleted."""
+    manifest = example_workload(workload)
+    seed_spec = yaml.safe_load(SEED.read_text())["spec"]["template"]["spec"]
+    for template in pod_templates(manifest):
+        spec = template["spec"]
+        kept = {key: spec[key] for key in ("schedulerName", "restartPolicy") if key in spec}
+        template["spec"] = {**kept, "securityContext": seed_spec["securityContext"],
+                            "terminationGracePeriodSeconds": seed_spec["terminationGracePeriodSeconds"],
+                            "containers": seed_spec["containers"]}
+        if manifest["kind"] == "JobSet":
+            template["spec"]["restartPolicy"] = "Never"
+    return manifest
+
+
+def pod_count(manifest: dict) -> int:
+    """The pods the workload creates: JobSet, Σ replicas × parallelism; LWS, replicas × size."""
+    if manifest["kind"] == "JobSet":
+        return sum(job.get("replicas", 1) * job["template"]["spec"].get("parallelism", 1)
+                   for job in manifest["spec"]["replicatedJobs"])
+    return manifest["spec"].get("replicas", 1) * manifest["spec"]["leaderWorkerTemplate"].get("size", 1)
+
+
+def expected_index(manifest: dict, pod: dict) -> int:
+    """The pod's map index from its labels and the manifest, computed here as the example's
+    comments say (not by gpu_scheduler.podindex, which the demo checks)."""
+    labels = pod["metadata"]["labels"]
+    if manifest["kind"] == "JobSet":
+        replicated = labels[f"{JOBSET_LABEL}/replicatedjob-name"]
+        [job] = [j for j in manifest["spec"]["replicatedJobs"] if j["name"] == replicated]
+        return int(labels[f"{JOBSET_LABEL}/job-index"]) * job["template"]["spec"]["completions"] + int(
+            labels[COMPLETION_INDEX])
+    size = manifest["spec"]["leaderWorkerTemplate"]["size"]
+    return int(labels[f"{LWS_LABEL}/group-index"]) * size + int(labels[f"{LWS_LABEL}/worker-index"])
+
+
+def ran_workload(stack: LocalStack, workload: str, manifest: dict) -> str | None:
+    """--workload after the apply: every pod Running, shown with its index, node and log line, and
+    each checked against its map entry. None, or what failed."""
+    name, count = manifest["metadata"]["name"], pod_count(manifest)
+    selector = f"{WORKLOADS[workload][2]}={name}"
+    started = time.monotonic()
+    try:
+        pods = stack.wait_for(lambda: (lambda pods: pods if len(pods) == count and all(
+            p["status"].get("phase") == "Running" for p in pods) else None)(stack.pods("default", selector)),
+            180, f"{count} pods of {manifest['kind']} {name} Running")
+    except TimeoutError as failed:
+        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", selector).stdout, end="")
+        return str(failed)
+    print(f"    {count} Running {time.monotonic() - started:.1f}s after the apply")
+    columns = ([f"{JOBSET_LABEL}/job-index", COMPLETION_INDEX] if workload == "jobset"
+               else [f"{LWS_LABEL}/group-index", f"{LWS_LABEL}/worker-index"])
+    step(f"kubectl get pod -o wide -l {selector} -L {','.join(columns)}   (the labels its controllers set)")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", selector, "-L", ",".join(columns)).stdout, end="")
+    rule = ("job-index × completions + completion index" if workload == "jobset"
+            else "group-index × size + worker-index")
+    step(f"Each pod: its index ({rule}), its map entry, its node and its log line (kubectl logs --tail=1)")
+    wrong = []
+    shown = []
+    for pod in pods:
+        pod_name, index = pod["metadata"]["name"], expected_index(manifest, pod)
+        entry = parse_map(pod["metadata"]["annotations"][MAP_ANNOTATION]).get(index)
+        line = stack.wait_for(lambda: stack.cp.kubectl("logs", pod_name, "--tail=1").stdout.strip(), 15,
+                              f"{pod_name}'s log")
+        written = pod["metadata"]["annotations"].get(JOB_COMPLETIONS)  # by mutate, on a JobSet's pods
+        shown.append((index, pod_name, pod["spec"].get("nodeName"), entry, line,
+                      f"  ({JOB_COMPLETIONS}: {written})" if workload == "jobset" else ""))
+    for index, pod_name, node, entry, line, note in sorted(shown):
+        want = f"{entry.node}:{entry.visible_devices}" if entry else "no entry"
+        print(f"    {pod_name:<28} index {index}  entry {want:<12} node {node:<6} log: {line}{note}")
+        logged = LOG_LINE.search(line)
+        if entry is None:
+            wrong.append(f"{pod_name}: index {index} has no map entry")
+        elif node != entry.node or not logged or logged.groups() != (entry.node, entry.visible_devices):
+            wrong.append(f"{pod_name} (index {index}): on {node}, logged {line!r}; its entry is"
+                         f" {entry.node}:{entry.visible_devices}")
+    indexes = sorted(s[0] for s in shown)
+    if indexes != list(range(count)):
+        wrong.append(f"the pods' indexes are {indexes}, not 0..{count - 1}")
+    if not wrong:
+        print(f"    all {count}: on their entry's node, CUDA_VISIBLE_DEVICES = their entry's devices")
+    return "; ".join(wrong) or None
+
+
+def torn_down(nodes, processes: list, failure: str | None) -> int:
+    """After the `with LocalStack` block (`nodes`, `processes`: the stack's, taken inside it): 1
+    if a process or anything of a node is left, or on `failure`; else 0."""
+    left = [p.args[0] for p in processes if p.poll() is None]
+    leftovers = nodes.leftovers()
+    if left or leftovers:
+        print(f"    still there: processes {left}; {leftovers}")
+        return 1
+    print("    done: no process, shim, mount, cgroup, network namespace or interface left")
+    if failure:
+        print(f"\nFAILED: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main_workload(workload: str) -> int:
+    """--workload jobset|lws."""
+    path, kind, _ = WORKLOADS[workload]
+    manifest = demo_workload(workload)
+    step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
+    ensure_built()
+    step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
+         f"node1..node4 (a kubelet and a containerd each);\n    the real {kind} controller and its webhooks; "
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+    started = time.monotonic()
+    with LocalStack(real_nodes=True, workloads=(workload,)) as stack:
+        print(f"    up in {time.monotonic() - started:.1f}s (the {kind} controller in"
+              f" {stack.workloads.started_seconds:.1f}s); API server {stack.cp.server}")
+        print("    " + "; ".join(stack.cp.versions()))
+        print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        [shown_map] = {t["metadata"]["annotations"][MAP_ANNOTATION] for t in pod_templates(manifest)}
+        step(f"kubectl apply -f {path.relative_to(REPO)}, its containers replaced by the seed's check container"
+             f"\n    ({pod_count(manifest)} pods; the example's map, schedulerName and annotations kept):\n"
+             + "".join(f"      {line}\n" for line in
+                       shown_map.strip().splitlines()))
+        print(stack.apply(manifest), end="")
+        failure = ran_workload(stack, workload, manifest)
+        step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
+        nodes = stack.nodes
+        processes = list(stack.cp.processes.values())
+    return torn_down(nodes, processes, failure)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcp.demo", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
@@ -251,7 +420,12 @@ def main(argv=None) -> int:
                       help="the seed as a gang: blocked whole by a workload holding node4's GPU 3, then placed whole")
     mode.add_argument("--preempt", action="store_true",
                       help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
+    mode.add_argument("--workload", choices=sorted(WORKLOADS),
+                      help="instead of the seed, the example JobSet (examples/jobset-torchrun.yaml) or"
+                           " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller")
     args = parser.parse_args(argv)
+    if args.workload:
+        return main_workload(args.workload)
     failure = None
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
     ensure_built()
@@ -291,16 +465,7 @@ def main(argv=None) -> int:
         step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
         nodes = stack.nodes
         processes = list(stack.cp.processes.values())
-    left = [p.args[0] for p in processes if p.poll() is None]
-    leftovers = nodes.leftovers()
-    if left or leftovers:
-        print(f"    still there: processes {left}; {leftovers}")
-        return 1
-    print("    done: no process, shim, mount, cgroup, network namespace or interface left")
-    if failure:
-        print(f"\nFAILED: {failure}", file=sys.stderr)
-        return 1
-    return 0
+    return torn_down(nodes, processes, failure)
 
 
 if __name__ == "__main__":

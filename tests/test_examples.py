@@ -64,3 +64,140 @@ def test_bind_without_an_api_server_keeps_the_example_event_for_its_queue(bind_s
     headers, body = example(name)
     status, answer, _ = bind_server.post(body, headers)
     assert (status, json.loads(answer)["result"]) == (200, "Retry")
+
+
+# -- the workload examples users copy: examples/jobset-torchrun.yaml, examples/lws-vllm.yaml -----
+WORKLOAD_EXAMPLES = {"jobset-torchrun.yaml": "JobSet", "lws-vllm.yaml": "LeaderWorkerSet"}
+
+
+def workload_example(name: str) -> dict:
+    """The example's one JobSet or LeaderWorkerSet (an example may hold a Service besides)."""
+    [found] = [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d["kind"] == WORKLOAD_EXAMPLES[name]]
+    return found
+
+
+def pods_of(workload: dict) -> list[dict]:
+    """The metadata of every pod the workload's controllers create, labelled as they label them
+    (tests/test_workload_controllers_cluster.py sees these labels on the real controllers' pods),
+    with what mutate writes on a JobSet's pods."""
+    from gpu_scheduler.workloads import jobset_annotations
+
+    name, pods = workload["metadata"]["name"], []
+    if workload["kind"] == "JobSet":
+        for job in workload["spec"]["replicatedJobs"]:
+            template, written = job["template"]["spec"]["template"], jobset_annotations(workload, job["name"])
+            for job_index in range(job["replicas"]):
+                for completion in range(job["template"]["spec"]["completions"]):
+                    pods.append({
+                        "name": f"{name}-{job['name']}-{job_index}-{completion}-abcde",
+                        "labels": {"jobset.sigs.k8s.io/jobset-name": name,
+                                   "jobset.sigs.k8s.io/replicatedjob-name": job["name"],
+                                   "jobset.sigs.k8s.io/job-index": str(job_index),
+                                   "batch.kubernetes.io/job-completion-index": str(completion)},
+                        "annotations": {**template["metadata"]["annotations"], **written,
+                                        "batch.kubernetes.io/job-completion-index": str(completion)}})
+        return pods
+    lws = workload["spec"]["leaderWorkerTemplate"]
+    for group in range(workload["spec"]["replicas"]):
+        for worker in range(lws["size"]):
+            template = lws["leaderTemplate" if worker == 0 and "leaderTemplate" in lws else "workerTemplate"]
+            pods.append({
+                "name": f"{name}-{group}" + (f"-{worker}" if worker else ""),
+                "labels": {"leaderworkerset.sigs.k8s.io/name": name,
+                           "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                           "leaderworkerset.sigs.k8s.io/worker-index": str(worker)},
+                "annotations": {**template["metadata"]["annotations"],
+                                "leaderworkerset.sigs.k8s.io/size": str(lws["size"])}})
+    return pods
+
+
+@pytest.mark.parametrize("name", WORKLOAD_EXAMPLES)
+def test_a_workload_examples_pods_each_have_their_own_map_entry(name):
+    """Its map parses, and the index gpu-scheduler reads for each pod the workload creates
+    (JobSet: replicas × completions; LWS: replicas × size) is an entry of it, each pod its own."""
+    from gpu_scheduler.podindex import pod_index
+    from gpu_scheduler.schedmap import parse_map
+    from localcp import demo
+
+    workload = workload_example(name)
+    templates = demo.pod_templates(workload)
+    [text] = {t["metadata"]["annotations"]["gpu-scheduling-map"] for t in templates}  # one map for all
+    entries = parse_map(text)
+    pods = pods_of(workload)
+    assert len(pods) == demo.pod_count(workload) == 4
+    indexes = [pod_index(pod) for pod in pods]
+    assert sorted(indexes) == sorted(entries) == [0, 1, 2, 3]
+    assert {entries[i].node for i in indexes} == {"node1", "node2", "node3", "node4"}
+
+
+@pytest.mark.parametrize("name", WORKLOAD_EXAMPLES)
+def test_a_workload_examples_pods_are_gpu_schedulers_and_request_no_gpus(name):
+    """schedulerName gpu-scheduler on every template; no nvidia.com/gpu request (the device plugin
+    would pick other GPUs); images named without a registry host."""
+    from localcp import demo
+
+    for template in demo.pod_templates(workload_example(name)):
+        assert template["spec"]["schedulerName"] == "gpu-scheduler"
+        for container in template["spec"]["containers"]:
+            resources = container.get("resources") or {}
+            assert not any("nvidia.com/gpu" in (resources.get(k) or {}) for k in ("requests", "limits"))
+            first = container["image"].split("/")[0]
+            assert "." not in first and ":" not in first, container["image"]
+
+
+def test_the_jobset_example_ranks_torchrun_by_the_pods_index():
+    """NODE_RANK = job-index × completions + completion index, as the map's index; --nnodes is the
+    number of pods; the master is the JobSet's first pod through its headless Service."""
+    workload = workload_example("jobset-torchrun.yaml")
+    [job] = workload["spec"]["replicatedJobs"]
+    spec = job["template"]["spec"]
+    assert (job["replicas"], spec["parallelism"], spec["completions"], spec["backoffLimit"]) == (2, 2, 2, 0)
+    [container] = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env["JOB_INDEX"] == "metadata.labels['jobset.sigs.k8s.io/job-index']"
+    assert env["COMPLETION_INDEX"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["COMPLETIONS"] == str(spec["completions"])
+    name = workload["metadata"]["name"]
+    assert env["MASTER_ADDR"] == f"{name}-{job['name']}-0-0.{name}"
+    script = container["command"][-1]
+    assert "NODE_RANK=$((JOB_INDEX * COMPLETIONS + COMPLETION_INDEX))" in script
+    assert "--nnodes=4" in script and "--node_rank=$NODE_RANK" in script
+
+
+def test_the_lws_example_is_two_groups_of_two_with_the_same_map():
+    workload = workload_example("lws-vllm.yaml")
+    lws = workload["spec"]["leaderWorkerTemplate"]
+    assert (workload["spec"]["replicas"], lws["size"]) == (2, 2)
+    assert (lws["leaderTemplate"]["metadata"]["annotations"]["gpu-scheduling-map"]
+            == lws["workerTemplate"]["metadata"]["annotations"]["gpu-scheduling-map"])
+
+
+@pytest.mark.parametrize("name", WORKLOAD_EXAMPLES)
+def test_plan_places_a_workload_examples_pods(name):
+    """`kubectl gpu-scheduler plan -f` on the example: a row per pod, each placeable. Skipped while
+    plan does not know the kind."""
+    from gpu_scheduler import plan
+
+    work = plan.workload(workload_example(name))
+    if work is None:
+        pytest.skip(f"plan does not know {WORKLOAD_EXAMPLES[name]} yet")
+    result = plan.plan(work)
+    assert sorted(row.index for row in result.rows) == [0, 1, 2, 3]
+    assert all(row.placeable for row in result.rows), [row.problems for row in result.rows]
+
+
+@pytest.mark.parametrize("workload", ["jobset", "lws"])
+def test_the_demo_runs_the_example_with_the_check_container(workload):
+    """make demo WORKLOAD=...: the example with each template's containers the seed's; its map,
+    annotations, labels and schedulerName kept; a JobSet's pods restartPolicy Never."""
+    from localcp import demo
+
+    example, ran = demo.example_workload(workload), demo.demo_workload(workload)
+    [seed_container] = yaml.safe_load(demo.SEED.read_text())["spec"]["template"]["spec"]["containers"]
+    assert ran["metadata"] == example["metadata"]
+    for shipped, changed in zip(demo.pod_templates(example), demo.pod_templates(ran), strict=True):
+        assert changed["metadata"] == shipped["metadata"]
+        assert changed["spec"]["containers"] == [seed_container]
+        assert changed["spec"]["schedulerName"] == shipped["spec"]["schedulerName"]
+        assert changed["spec"].get("restartPolicy") == ("Never" if workload == "jobset" else None)
+    assert demo.pod_count(ran) == 4

@@ -187,3 +187,22 @@ def test_the_install_without_knative_is_within_the_first_100_lines():
     """Issue 40: a reader finds the install command for a cluster without Knative early."""
     head = "\n".join(README.read_text().splitlines()[:100])
     assert "--set runtime=deployments" in head and "helm upgrade --install gpu-scheduler chart/gpu-scheduler" in head
+
+
+def test_the_readmes_index_table_is_podindexs_sources():
+    """The README's table of index sources lists gpu_scheduler/podindex.py's INDEX_SOURCES: each
+    one's name, in their order (first that applies wins), with its rule; docs/usage.md's "The pod
+    index" numbers the same names in the same order."""
+    from gpu_scheduler.podindex import INDEX_SOURCES
+
+    text = prose(README.read_text())
+    section = text[text.index("\n### The workload kinds and the pod index\n"):]
+    section = section[:section.index("\n#", 1)]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| `")]
+    assert [row[0] for row in rows] == [f"`{source.name}`" for source in INDEX_SOURCES]
+    assert [row[1] for row in rows] == [source.rule for source in INDEX_SOURCES]
+    usage = (REPO / "docs" / "usage.md").read_text()
+    usage = usage[usage.index("\n## The pod index\n"):]
+    usage = usage[:usage.index("\n## ", 1)]
+    assert re.findall(r"^\d+\. `(\w+)`", usage, re.M) == [source.name for source in INDEX_SOURCES]
