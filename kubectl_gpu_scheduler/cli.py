@@ -220,25 +220,29 @@ def connect(args):
 
 
 # -- plan ---------------------------------------------------------------------------------------
+def _read_workloads(content, namespace: str, where: str, errors: list[str]):
+    """The document's workloads (a JobSet's: one per replicated job with the map), up to the first
+    object that cannot be read (its error, naming the document, in `errors`)."""
+    try:
+        for obj in core.objects_in(content):
+            yield from core.workloads(obj, namespace)
+    except core.ManifestError as error:
+        errors.append(f"{where}: {error}")
+
+
 def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
     for document in documents:
         where = f"{files.shown(document.source)}: document {document.number}"
-        try:
-            for obj in core.objects_in(document.content):
-                work = core.workload(obj, namespace)
-                if work is None:
-                    continue
-                where_named = f"{where} ({work.kind} {work.namespace}/{work.name})"
-                if explicit and work.namespace != namespace:
-                    errors.append(f"{where_named}: the namespace of the object ({work.namespace}) does not match"
-                                  f" --namespace {namespace}")
-                    continue
-                try:
-                    yield document, core.plan(work)
-                except core.ManifestError as error:
-                    errors.append(f"{where_named}: {error}")
-        except core.ManifestError as error:
-            errors.append(f"{where}: {error}")
+        for work in _read_workloads(document.content, namespace, where, errors):
+            where_named = f"{where} ({work.title})"
+            if explicit and work.namespace != namespace:
+                errors.append(f"{where_named}: the namespace of the object ({work.namespace}) does not match"
+                              f" --namespace {namespace}")
+                continue
+            try:
+                yield document, core.plan(work)
+            except core.ManifestError as error:
+                errors.append(f"{where_named}: {error}")
 
 
 def framework(args) -> Framework:
@@ -321,7 +325,8 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
         fw, view = (framework(args), read_view(cluster, args, pods, cluster.pdbs())) if cluster else (None, None)
         answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
         decided = [a.scheduling for a in answers]
-        gang = next((a.gang for a in answers if a.gang is not None), plan.gang)
+        decided_gangs = tuple({a.gang.name: a.gang for a in answers if a.gang is not None}.values())
+        gang = decided_gangs[0] if decided_gangs else plan.gang
         rows = []
         for position, row in enumerate(plan.rows):
             claim = _dra_row(cluster, args, row)
@@ -329,7 +334,7 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workload = output.workload_dict(document.source, document.number, plan, rows, gang)
+        workload = output.workload_dict(document.source, document.number, plan, rows, gang, decided_gangs)
         if cluster and args.quota == "true":
             workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
         workloads.append(workload)
