@@ -19,7 +19,7 @@ from gpu_scheduler.suggest import PACK, SPREAD
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
 from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.plugins.dynamicresources.allocator import uses_dra
-from gpu_scheduler import ANNOTATION
+from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.plugins.registry import new_framework
@@ -396,6 +396,9 @@ def run_explain(args) -> dict[str, Any]:
 
 
 # -- suggest ------------------------------------------------------------------------------------
+SUGGESTED_WITH_MAP = (*core.UNINDEXED_KINDS, "JobSet", "LeaderWorkerSet")  # suggest reads them as if mapped
+
+
 def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tuple[Any, core.Workload]]:
     """(the object, its workload) for each StatefulSet and Job of the documents; UsageError at the
     first object that cannot be read, naming file and document."""
@@ -404,35 +407,57 @@ def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tupl
         where = f"{files.shown(document.source)}: document {document.number}"
         try:
             for obj in core.objects_in(document.content):
-                if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *core.UNINDEXED_KINDS):
+                if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *SUGGESTED_WITH_MAP):
                     continue
-                work = (core.workload(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod")
-                        else core.workload(_with_map(obj), namespace))
-                if work is None:
-                    continue
-                if explicit and work.namespace != namespace:
-                    raise UsageError(f"{where} ({work.kind} {work.namespace}/{work.name}): the namespace of the"
-                                     f" object ({work.namespace}) does not match --namespace {namespace}")
-                found.append((obj, work))
+                works = (core.workloads(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod")
+                         else core.workloads(_with_map(obj), namespace))
+                for work in works:
+                    if explicit and work.namespace != namespace:
+                        raise UsageError(f"{where} ({work.title}): the namespace of the object ({work.namespace})"
+                                         f" does not match --namespace {namespace}")
+                    found.append((obj, work))
         except core.ManifestError as error:
             raise UsageError(f"{where}: {error}") from None
     return found
 
 
-def _with_map(obj: Any) -> Any:
-    """An unindexed workload as if it had a map, so that suggest names it (and why no map fits it)."""
-    path = core.UNINDEXED_KINDS.get(obj.get("kind"), ())
-    copy = json.loads(json.dumps(obj))
-    template: Any = copy
-    for key in path:
+def _templates(obj: Any) -> list[Any]:
+    """The pod templates suggest writes a map on, in `obj` (a JobSet's: those of its replicated jobs
+    whose pods gpu-scheduler places, or that carry a map; if none does, all, so that suggest names
+    the fix)."""
+    kind = obj.get("kind")
+    if kind == "JobSet":
+        jobs = suggesting.template_at(obj, ("spec", "replicatedJobs"))
+        templates = [suggesting.template_at(job, suggesting.JOBSET_TEMPLATE_PATH)
+                     for job in (jobs if isinstance(jobs, list) else [])]
+        ours = [t for t in templates if isinstance(t, dict) and (
+            isinstance(t.get("spec"), dict) and t["spec"].get("schedulerName") == SCHEDULER_NAME
+            or map_text(t) is not None)]
+        return ours or templates
+    if kind == "LeaderWorkerSet":
+        return [suggesting.template_at(obj, path) for path in suggesting.TEMPLATE_PATHS[kind]]
+    template: Any = obj
+    for key in core.UNINDEXED_KINDS.get(kind, ()):
         template = template.get(key) if isinstance(template, dict) else None
+    return [template]
+
+
+def _with_map(obj: Any) -> Any:
+    """A workload as if its pod templates had a map, so that suggest names it (and, for an
+    unindexed one, why no map fits it)."""
+    copy = json.loads(json.dumps(obj))
+    for template in _templates(copy):
+        _with_empty_map(template)
+    return copy
+
+
+def _with_empty_map(template: Any) -> None:
     if isinstance(template, dict):
         meta = template.setdefault("metadata", {}) if isinstance(template.get("metadata", {}), dict) else None
         if meta is not None:
             annotations = meta.setdefault("annotations", {})
             if isinstance(annotations, dict):
                 annotations.setdefault(ANNOTATION, "")
-    return copy
 
 
 def run_suggest(args, stdin) -> tuple[list, list, str]:
@@ -446,8 +471,8 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
     cluster, namespace = connect(args)  # the kubeconfig only: the API is read once the request is sound
     found = _suggested_workloads(documents, namespace, bool(args.namespace))
     if not found:
-        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet or Indexed Job to place (suggest writes the"
-                         " map of a StatefulSet, or of a Job with completionMode: Indexed)")
+        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"
+                         f" (suggest writes the map of {suggesting.PLACED})")
     works = [work for _, work in found]
     try:
         for work in works:
@@ -462,7 +487,7 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
         raise UsageError(str(error)) from None
     for (obj, _), result in zip(found, results):
         if isinstance(result, suggesting.Placed):
-            suggesting.annotate(obj, result.map_text)
+            suggesting.annotate(obj, result.map_text, result.work.part)
     return documents, results, "json" if args.filename.endswith(".json") else "yaml"
 
 

@@ -402,9 +402,10 @@ def test_suggest_refuses_a_bad_request_before_reading_the_cluster(unreachable_ku
     ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
       "spec": {"template": {"spec": {"schedulerName": "gpu-scheduler", "containers": []}}}},
      "Deployment default/d: a Deployment's pods are named with generateName, so a map cannot name them;"
-     " suggest places the replicas of a StatefulSet or of a Job with completionMode: Indexed"),
+     " suggest places the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated"
+     " jobs or a LeaderWorkerSet"),
     ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
-     "no StatefulSet or Indexed Job to place"),
+     "no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"),
     (with_map("0=node1:0", replicas=0), "spec.replicas is 0, so there is nothing to place; set spec.replicas to 1"),
 ])
 def test_suggest_names_the_fix_for_a_manifest_it_cannot_place(tmp_path, unreachable_kubeconfig, manifest, message):

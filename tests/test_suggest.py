@@ -228,7 +228,8 @@ def test_pick_takes_the_fullest_fitting_group_and_its_lowest_devices():
     ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
       "spec": {"template": statefulset()["spec"]["template"]}}, 1,
      "Job default/j: a NonIndexed Job's pods are named with generateName, so a map cannot name them; suggest places"
-     " the replicas of a StatefulSet or of a Job with completionMode: Indexed"),
+     " the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs or a"
+     " LeaderWorkerSet"),
     (statefulset(2, schedulerName="default-scheduler"), 1,
      "spec.template.spec.schedulerName is default-scheduler, so bind would not place the replicas; set it to"
      " gpu-scheduler"),
