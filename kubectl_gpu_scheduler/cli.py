@@ -146,8 +146,9 @@ def parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser(
         "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
-        description="One row per pod a StatefulSet, Job or Pod manifest creates, as its controller\n"
-        "will create it: index, pod name, node and CUDA_VISIBLE_DEVICES; below the table,\n"
+        description="One row per pod a StatefulSet, Job, JobSet, LeaderWorkerSet or Pod manifest creates,\n"
+        "as its controller will create it (a JobSet: one table per replicated job with the map):\n"
+        "index, pod name, node and CUDA_VISIBLE_DEVICES; below the table, its gangs and\n"
         "what would keep a pod from being placed and what looks wrong. Reads files only,\n"
         "unless --cluster.")
     plan.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
@@ -165,14 +166,16 @@ def parser() -> argparse.ArgumentParser:
     common(explain, output.EXPLAIN_FORMATS)
     suggest = commands.add_parser(
         "suggest", help="write a gpu-scheduling-map that fits the cluster as it is now", epilog=SUGGEST_EXAMPLES,
-        **text, description="A gpu-scheduling-map giving every replica of a StatefulSet or Indexed Job N GPUs on\n"
+        **text, description="A gpu-scheduling-map giving every replica of a StatefulSet, Indexed Job, JobSet\n"
+        "replicated job or LeaderWorkerSet (its leader and workers; each group on as few nodes as fit) N GPUs on\n"
         "one node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
         "mode their ResourceSlices' devices, one PCIe root per replica where published), less\n"
         "those other workloads hold (pods, bind's device records, DRA claims). Each entry passes\n"
         "bind's own filters now. Prints the placements (or the manifest, -o yaml|json), or says\n"
         "why the replicas do not fit: how many GPUs are free, and where.")
     suggest.add_argument("-f", "--filename", required=True, metavar="FILE",
-                         help="the manifest (a StatefulSet or Indexed Job; other objects pass through); - reads stdin")
+                         help="the manifest (a StatefulSet, Indexed Job, JobSet or LeaderWorkerSet; other objects"
+                         " pass through); - reads stdin")
     suggest.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs for each replica, on one node")
     strategy = suggest.add_mutually_exclusive_group()
     strategy.add_argument("--spread", dest="strategy", action="store_const", const=SPREAD,
@@ -315,14 +318,25 @@ def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     return dra_claim(cluster, args, pod, row.index, row.placement)
 
 
+def _decided_with(work: core.Workload) -> Any:
+    """Which workloads' pods a workload's are decided with: a JobSet's replicated jobs, together."""
+    return ("JobSet", work.namespace, work.name) if work.kind == "JobSet" else id(work)
+
+
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     _rules(args)  # refused before anything is read, as bind refuses them at start
     cluster, namespace = connect(args) if args.cluster else (None, args.namespace or "default")
     errors: list[str] = []
     workloads = []
-    for document, plan in _workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors):
-        pods = [admitted(row, cluster) for row in plan.rows] if cluster else []
-        fw, view = (framework(args), read_view(cluster, args, pods, cluster.pdbs())) if cluster else (None, None)
+    plans = list(_workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors))
+    admitted_pods = [[admitted(row, cluster) for row in plan.rows] if cluster else [] for _, plan in plans]
+    # A JobSet's replicated jobs are one workload and one gang: each is decided with the others' pods.
+    together: dict[Any, list] = {}
+    for (_, plan), pods in zip(plans, admitted_pods):
+        together.setdefault(_decided_with(plan.work), []).extend(pods)
+    for (document, plan), pods in zip(plans, admitted_pods):
+        others = together[_decided_with(plan.work)]
+        fw, view = (framework(args), read_view(cluster, args, others, cluster.pdbs())) if cluster else (None, None)
         answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
         decided = [a.scheduling for a in answers]
         decided_gangs = tuple({a.gang.name: a.gang for a in answers if a.gang is not None}.values())
@@ -339,7 +353,8 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
         workloads.append(workload)
     if not workloads and not errors:
-        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
+        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the"
+                      " gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
 
 
@@ -400,8 +415,8 @@ SUGGESTED_WITH_MAP = (*core.UNINDEXED_KINDS, "JobSet", "LeaderWorkerSet")  # sug
 
 
 def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tuple[Any, core.Workload]]:
-    """(the object, its workload) for each StatefulSet and Job of the documents; UsageError at the
-    first object that cannot be read, naming file and document."""
+    """(the object, its workload) for each StatefulSet, Job, JobSet replicated job and LeaderWorkerSet of the
+    documents; UsageError at the first object that cannot be read, naming file and document."""
     found = []
     for document in documents:
         where = f"{files.shown(document.source)}: document {document.number}"
