@@ -167,8 +167,8 @@ def parser() -> argparse.ArgumentParser:
     suggest = commands.add_parser(
         "suggest", help="write a gpu-scheduling-map that fits the cluster as it is now", epilog=SUGGEST_EXAMPLES,
         **text, description="A gpu-scheduling-map giving every replica of a StatefulSet, Indexed Job, JobSet\n"
-        "replicated job or LeaderWorkerSet (its leader and workers; each group on as few nodes as fit) N GPUs on\n"
-        "one node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
+        "replicated job or LeaderWorkerSet (each group on as few nodes as fit) N GPUs on one\n"
+        "node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
         "mode their ResourceSlices' devices, one PCIe root per replica where published), less\n"
         "those other workloads hold (pods, bind's device records, DRA claims). Each entry passes\n"
         "bind's own filters now. Prints the placements (or the manifest, -o yaml|json), or says\n"

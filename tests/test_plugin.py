@@ -222,8 +222,8 @@ def test_namespace_flag_defaults_and_must_agree(tmp_path):
     ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found a list"),
     ("kind: StatefulSet\nmetadata: {name: x}\nspec: {replicas: -1, template: {spec: {}}}\n",
      "spec.replicas: expected a non-negative integer, found -1"),
-    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
-    ("", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
+    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
+    ("", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
 ])
 def test_malformed_manifests_exit_2_with_one_line(tmp_path, content, message):
     path = tmp_path / "m.yaml"
