@@ -227,7 +227,7 @@ def _pod_template(value: Any, where: str, required: bool = True) -> Mapping[str,
 
 def _pods(count: int, where: str) -> int:
     if count > MAX_REPLICAS:
-        raise ManifestError(f"{where} make {count} pods; a plan lists at most {MAX_REPLICAS} pods")
+        raise ManifestError(f"{where} = {count} pods; a plan lists at most {MAX_REPLICAS} pods")
     return count
 
 
@@ -256,10 +256,11 @@ def _jobset_workloads(obj: Mapping[str, Any], obj_spec: Mapping[str, Any], ns: s
         completions = _count(job_spec.get("completions"), f"{where}.template.spec.completions", parallelism)
         checked.append((job_name, replicas, completions, template))
     found_works = []
-    for job_name, replicas, completions, template in checked:
+    for position, (job_name, replicas, completions, template) in enumerate(checked):
         if map_text(template) is None:
             continue
-        pods = _pods(replicas * completions, f"replicated job {job_name}'s replicas {replicas} × completions {completions}")
+        pods = _pods(replicas * completions, f"spec.replicatedJobs[{position}]: replicas {replicas} ×"
+                                             f" template.spec.completions {completions}")
         found_works.append(Workload("JobSet", ns, name, template, tuple(range(pods)), pods, part=job_name,
                                     groups=replicas, group_size=completions, source=obj))
     return found_works
