@@ -1,6 +1,6 @@
 """What `kubectl gpu-scheduler plan` and `explain` show, without I/O.
 
-A workload (StatefulSet, Job, Pod) becomes the pods its controller will create, each as it will be
+A workload (StatefulSet, Job, Pod; a JobSet's replicated job; a LeaderWorkerSet) becomes the pods its controller will create, each as it will be
 created (name, index label or annotation), and each pod goes through the same functions admission
 and bind use: `placement.resolve`, `devices.device_env`, `devices.device_warnings`,
 `binding.bind_decision`, and bind's own scheduling framework (`Framework.evaluate`, the dry run
@@ -10,6 +10,7 @@ reads files and the API and formats what these functions return.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -27,8 +28,13 @@ from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
 from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on
 from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
-from .podindex import JOB_INDEX_KEY, STATEFULSET_INDEX_LABEL
+from .podindex import (
+    JOB_INDEX_KEY, JOBSET_JOB_INDEX_LABEL, JOBSET_NAME_LABEL, JOBSET_REPLICATED_JOB_LABEL, JOBSET_UID_LABEL,
+    LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL, STATEFULSET_INDEX_LABEL,
+    index_source,
+)
 from .schedmap import MapError, Placement, parse_map
+from .workloads import jobset_annotations, replicated_jobs
 
 # A plan shows one row per replica; a manifest asking for more is refused rather than listed
 # for minutes (StatefulSet replicas and Job completions are int32 in the API).
@@ -37,6 +43,16 @@ STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 CONTROLLER_API_VERSIONS = {"StatefulSet": "apps/v1", "Job": "batch/v1", "Deployment": "apps/v1",
                            "ReplicaSet": "apps/v1", "DaemonSet": "apps/v1"}
+# JobSet v0.10.1 (jobset.x-k8s.io/v1alpha2): what its controller writes on a child Job's pods (labels
+# and annotations alike), besides the Job controller's own.
+JOBSET_REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"
+LEGACY_JOB_NAME_LABEL = "job-name"
+# LeaderWorkerSet v0.7.0 (leaderworkerset.x-k8s.io/v1): a worker's annotation naming its leader.
+LWS_LEADER_NAME_ANNOTATION = "leaderworkerset.sigs.k8s.io/leader-name"
+# Kinds whose pods are indexed by the map (a JobSet's replicated job, a LeaderWorkerSet's groups).
+INDEXED_KINDS = ("StatefulSet", "Job", "JobSet", "LeaderWorkerSet")
 # Row problems beyond placement's (MalformedMap, UnknownIndex, NoMapEntry).
 NOT_OUR_SCHEDULER = "NotOurScheduler"
 UNSCHEDULABLE = "Unschedulable"
@@ -99,20 +115,53 @@ class Workload:
     replicas: int | None = None
     ordinals_start: int | None = None  # a StatefulSet's spec.ordinals.start
     pod_management_policy: Any = None  # a StatefulSet's spec.podManagementPolicy, as written (None: unset)
+    # A JobSet: the replicated job (`part`), its child Jobs (`groups`, its replicas) and their
+    # completions (`group_size`); the JobSet itself (`source`), which mutate reads for its pods.
+    # A LeaderWorkerSet: its groups (spec.replicas) and their size; `template` is its workerTemplate
+    # and `leader_template` its leaderTemplate (None: the leader is created from the workerTemplate).
+    part: str | None = None
+    groups: int | None = None
+    group_size: int | None = None
+    leader_template: Mapping[str, Any] | None = field(default=None, repr=False)
+    source: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def indexed(self) -> bool:
-        return self.kind in ("StatefulSet", "Job") and None not in self.indexes
+        return self.kind in INDEXED_KINDS and None not in self.indexes
 
     @property
     def counted(self) -> str:
-        return counted(self.kind, self.indexed, self.replicas, self.ordinals_start)
+        return counted(self.kind, self.indexed, self.replicas, self.ordinals_start, self.groups, self.group_size)
+
+    @property
+    def title(self) -> str:
+        """The workload as people name it: "JobSet team/train, replicated job workers"."""
+        return f"{self.kind} {self.namespace}/{self.name}" + (f", replicated job {self.part}" if self.part else "")
+
+    @property
+    def templates(self) -> tuple[Mapping[str, Any], ...]:
+        """Every pod template of the workload (a LeaderWorkerSet's leader's, then its workers')."""
+        return (self.template,) if self.leader_template is None else (self.leader_template, self.template)
+
+    @property
+    def placed_together(self) -> int:
+        """How many consecutive indexes suggest keeps on as few nodes as fit: a LeaderWorkerSet's
+        group, a JobSet's whole replicated job, else one pod."""
+        if self.kind == "LeaderWorkerSet":
+            return max(self.group_size or 1, 1)
+        if self.kind == "JobSet":
+            return max(len(self.indexes), 1)
+        return 1
 
 
-def counted(kind: str, indexed: bool, replicas: int | None, ordinals_start: int | None) -> str:
+def counted(kind: str, indexed: bool, replicas: int | None, ordinals_start: int | None,
+            groups: int | None = None, group_size: int | None = None) -> str:
     """How a workload's pods and indexes come about, for people: "replicas 5, ordinals.start 2"."""
     if kind == "Pod":
         return "the pod itself"
+    if kind in ("JobSet", "LeaderWorkerSet"):
+        per = "completions" if kind == "JobSet" else "size"
+        return f"replicas {groups} × {per} {group_size} = {replicas} pod{'s' if replicas != 1 else ''}"
     if not indexed:
         return f"a {'NonIndexed Job' if kind == 'Job' else kind}'s pods are named with generateName"
     if kind == "Job":
@@ -139,7 +188,102 @@ def objects_in(document: Any) -> list[Mapping[str, Any]]:
 def workload(obj: Mapping[str, Any], namespace: str = "default") -> Workload | None:
     """The workload an object describes, or None for objects that create no pods of ours
     (a Service, a ConfigMap, a Deployment without the annotation). `namespace` applies to an
-    object that names none, as `kubectl apply -n` does."""
+    object that names none, as `kubectl apply -n` does. A JobSet may describe several (one per
+    replicated job with the map): this is the first; `workloads` gives them all."""
+    found = workloads(obj, namespace)
+    return found[0] if found else None
+
+
+def workloads(obj: Mapping[str, Any], namespace: str = "default") -> list[Workload]:
+    """Every workload an object describes: one per JobSet replicated job whose pod template
+    carries the map, else the one `_workload` gives (none for objects that create no pods of ours)."""
+    kind = obj.get("kind")
+    if kind not in ("JobSet", "LeaderWorkerSet"):
+        work = _workload(obj, namespace)
+        return [] if work is None else [work]
+    meta = _object(obj.get("metadata"), "metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"metadata.name: a {kind} needs a name")
+    ns = meta.get("namespace") or namespace
+    if not isinstance(ns, str):
+        raise ManifestError(f"metadata.namespace: expected a string, found {found(ns)}")
+    obj_spec = _object(obj.get("spec"), "spec")
+    if kind == "JobSet":
+        return _jobset_workloads(obj, obj_spec, ns, name)
+    work = _lws_workload(obj_spec, ns, name)
+    return [] if work is None else [work]
+
+
+def _pod_template(value: Any, where: str, required: bool = True) -> Mapping[str, Any] | None:
+    """A pod template at `where`, its metadata and spec checked as the API server would."""
+    if value is None and not required:
+        return None
+    template = _object(value, where)
+    _object(template.get("metadata"), f"{where}.metadata", required=False)
+    _object(template.get("spec"), f"{where}.spec")
+    return template
+
+
+def _pods(count: int, where: str) -> int:
+    if count > MAX_REPLICAS:
+        raise ManifestError(f"{where} = {count} pods; a plan lists at most {MAX_REPLICAS} pods")
+    return count
+
+
+def _jobset_workloads(obj: Mapping[str, Any], obj_spec: Mapping[str, Any], ns: str, name: str) -> list[Workload]:
+    """A JobSet's replicated jobs whose pod template carries the map: each makes `replicas` child
+    Jobs of `completions` indexed pods (JobSet defaults completionMode to Indexed)."""
+    jobs = obj_spec.get("replicatedJobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise ManifestError(f"spec.replicatedJobs: expected a list of replicated jobs, found {found(jobs)}")
+    checked = []
+    for position, job in enumerate(jobs):
+        where = f"spec.replicatedJobs[{position}]"
+        job = _object(job, where)
+        job_name = job.get("name")
+        if not isinstance(job_name, str) or not job_name:
+            raise ManifestError(f"{where}.name: a replicated job needs a name, found {found(job_name)}")
+        replicas = _count(job.get("replicas"), f"{where}.replicas", 1)
+        job_template = _object(job.get("template"), f"{where}.template")
+        job_spec = _object(job_template.get("spec"), f"{where}.template.spec")
+        template = _pod_template(job_spec.get("template"), f"{where}.template.spec.template")
+        mode = job_spec.get("completionMode")
+        if mode not in (None, "Indexed"):
+            raise ManifestError(f"{where}.template.spec.completionMode: a JobSet's pods have an index only with"
+                                f" Indexed (JobSet's default), found {found(mode)}")
+        parallelism = _count(job_spec.get("parallelism"), f"{where}.template.spec.parallelism", 1)
+        completions = _count(job_spec.get("completions"), f"{where}.template.spec.completions", parallelism)
+        checked.append((job_name, replicas, completions, template))
+    found_works = []
+    for position, (job_name, replicas, completions, template) in enumerate(checked):
+        if map_text(template) is None:
+            continue
+        pods = _pods(replicas * completions, f"spec.replicatedJobs[{position}]: replicas {replicas} ×"
+                                             f" template.spec.completions {completions}")
+        found_works.append(Workload("JobSet", ns, name, template, tuple(range(pods)), pods, part=job_name,
+                                    groups=replicas, group_size=completions, source=obj))
+    return found_works
+
+
+def _lws_workload(obj_spec: Mapping[str, Any], ns: str, name: str) -> Workload | None:
+    """A LeaderWorkerSet: `replicas` groups of `size` pods, the leader (worker 0) from the
+    leaderTemplate when there is one, else from the workerTemplate."""
+    replicas = _count(obj_spec.get("replicas"), "spec.replicas", 1)
+    lwt = _object(obj_spec.get("leaderWorkerTemplate"), "spec.leaderWorkerTemplate")
+    size = _count(lwt.get("size"), "spec.leaderWorkerTemplate.size", 1)
+    if size < 1:
+        raise ManifestError(f"spec.leaderWorkerTemplate.size: expected at least 1 (the leader), found {size}")
+    workers = _pod_template(lwt.get("workerTemplate"), "spec.leaderWorkerTemplate.workerTemplate")
+    leader = _pod_template(lwt.get("leaderTemplate"), "spec.leaderWorkerTemplate.leaderTemplate", required=False)
+    if all(map_text(t) is None for t in (workers, leader) if t is not None):
+        return None
+    pods = _pods(replicas * size, f"spec.replicas {replicas} × spec.leaderWorkerTemplate.size {size}")
+    return Workload("LeaderWorkerSet", ns, name, workers, tuple(range(pods)), pods, groups=replicas,
+                    group_size=size, leader_template=leader)
+
+
+def _workload(obj: Mapping[str, Any], namespace: str) -> Workload | None:
     kind = obj.get("kind")
     meta = _object(obj.get("metadata"), "metadata")
     name = meta.get("name")
@@ -188,6 +332,10 @@ def pod_for(work: Workload, index: int | None) -> dict[str, Any]:
     that decide its index (what admission and bind will see)."""
     if work.kind == "Pod":
         return copy.deepcopy(dict(work.template))
+    if work.kind == "JobSet" and index is not None:
+        return _jobset_pod(work, index)
+    if work.kind == "LeaderWorkerSet" and index is not None:
+        return _lws_pod(work, index)
     meta = dict(metadata(work.template))
     labels = dict(meta.get("labels") or {})
     annotations = dict(meta.get("annotations") or {})
@@ -210,6 +358,70 @@ def pod_for(work: Workload, index: int | None) -> dict[str, Any]:
     meta["ownerReferences"] = [{"apiVersion": CONTROLLER_API_VERSIONS.get(work.kind, "v1"), "kind": work.kind,
                                 "name": work.name, "controller": True}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(dict(spec(work.template)))}
+
+
+def _from_template(template: Mapping[str, Any], namespace: str) -> tuple[dict, dict, dict, dict]:
+    """A copy of the template's metadata (no name), its labels and annotations, and its spec."""
+    meta = dict(metadata(template))
+    meta.pop("name", None)
+    meta.pop("generateName", None)
+    meta["namespace"] = namespace
+    return (meta, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
+            copy.deepcopy(dict(spec(template))))
+
+
+def _pod(meta: dict, labels: dict, annotations: dict, pod_spec: dict, owner: Mapping[str, Any]) -> dict[str, Any]:
+    meta["labels"], meta["annotations"] = labels, annotations
+    meta["ownerReferences"] = [{**owner, "controller": True, "blockOwnerDeletion": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _jobset_pod(work: Workload, index: int) -> dict[str, Any]:
+    """Pod `index` of a JobSet's replicated job, as JobSet v0.10.1 labels its child Job
+    `<jobset>-<replicated job>-<job index>` and the Job controller its pods, with what mutate
+    writes on them (workloads.jobset_annotations: the Job's completions, the gang's size)."""
+    completions = work.group_size or 1
+    job_index, completion = divmod(index, completions)
+    jobs = replicated_jobs(work.source or {})
+    replicas = [(job.get("name"), _count(job.get("replicas"), "replicas", 1)) for job in jobs]
+    before = sum(count for job_name, count in replicas[:[n for n, _ in replicas].index(work.part)])
+    job_name = f"{work.name}-{work.part}-{job_index}"
+    meta, labels, annotations, pod_spec = _from_template(work.template, work.namespace)
+    jobset = {JOBSET_NAME_LABEL: work.name, JOBSET_REPLICATED_JOB_LABEL: str(work.part),
+              JOBSET_REPLICATED_JOB_REPLICAS: str(work.groups), JOBSET_JOB_INDEX_LABEL: str(job_index),
+              JOBSET_GLOBAL_INDEX: str(before + job_index),
+              JOBSET_GLOBAL_REPLICAS: str(sum(count for _, count in replicas))}
+    uid = metadata(work.source or {}).get("uid")
+    if isinstance(uid, str) and uid:
+        jobset[JOBSET_UID_LABEL] = uid
+    labels.update(jobset)
+    annotations.update(jobset)
+    labels.update({JOB_NAME_LABEL: job_name, LEGACY_JOB_NAME_LABEL: job_name, JOB_INDEX_KEY: str(completion)})
+    annotations[JOB_INDEX_KEY] = str(completion)
+    annotations.update(jobset_annotations(work.source or {}, str(work.part)) or {})
+    meta["generateName"] = f"{job_name}-{completion}-"
+    return _pod(meta, labels, annotations, pod_spec, {"apiVersion": "batch/v1", "kind": "Job", "name": job_name})
+
+
+def _lws_pod(work: Workload, index: int) -> dict[str, Any]:
+    """Pod `index` of a LeaderWorkerSet, as v0.7.0 creates it: group g = index // size, worker
+    w = index % size; the leader (w = 0) `<lws>-<g>` of StatefulSet `<lws>`, from the leaderTemplate
+    if there is one; worker `<lws>-<g>-<w>` of StatefulSet `<lws>-<g>`, from the workerTemplate."""
+    size = work.group_size or 1
+    group, worker = divmod(index, size)
+    leader_name = f"{work.name}-{group}"
+    leader = worker == 0
+    template = work.leader_template if leader and work.leader_template is not None else work.template
+    meta, labels, annotations, pod_spec = _from_template(template, work.namespace)
+    meta["name"] = leader_name if leader else f"{leader_name}-{worker}"
+    labels.update({LWS_NAME_LABEL: work.name, LWS_GROUP_INDEX_LABEL: str(group), LWS_WORKER_INDEX_LABEL: str(worker),
+                   STATEFULSET_INDEX_LABEL: str(group if leader else worker),
+                   STATEFULSET_POD_NAME_LABEL: meta["name"]})
+    annotations[LWS_SIZE_ANNOTATION] = str(size)
+    if not leader:
+        annotations[LWS_LEADER_NAME_ANNOTATION] = leader_name
+    owner = work.name if leader else leader_name
+    return _pod(meta, labels, annotations, pod_spec, {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": owner})
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
@@ -238,6 +450,7 @@ class Row:
     nvidia_env: Mapping[str, str] = field(default_factory=dict)  # nvidia mode
     problems: tuple[Note, ...] = ()
     warnings: tuple[Note, ...] = ()
+    gang: str = ""  # the gang the pod belongs to (gangs.gang_name), "" for none
     pod_object: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -421,6 +634,8 @@ class WorkloadPlan:
     rows: tuple[Row, ...]
     warnings: tuple[Note, ...] = ()
     gang: Gang | None = None  # the gang its pods form (gpu-scheduler/gang), as expected: none decided
+    gangs: tuple[Gang, ...] = ()  # every gang (a LeaderWorkerSet: one per group); gang is the first
+    index_source: str | None = None  # podindex's source of its pods' indexes (IndexSource.name)
 
     @property
     def placeable(self) -> bool:
@@ -459,23 +674,41 @@ def _row(pod: Mapping[str, Any], index: int | None) -> Row:
     annotations = metadata(pod).get("annotations") or {}
     return Row(resolved.index, name, placement.node, placement.devices, annotations.get(MODE_ANNOTATION),
                device_env(placement, CUDA), device_env(placement, NVIDIA), tuple(problems),
-               tuple(Note(r, m) for r, m in device_warnings(pod, resolved)), pod)
+               tuple(Note(r, m) for r, m in device_warnings(pod, resolved)), pod_object=pod)
+
+
+def _template_where(work: Workload) -> str:
+    if work.kind == "Pod":
+        return ""
+    if work.kind == "JobSet":
+        return f"spec.replicatedJobs[{work.part}].template.spec.template."
+    if work.kind == "LeaderWorkerSet":
+        return "spec.leaderWorkerTemplate.workerTemplate."
+    return "spec.template."
 
 
 def plan(work: Workload) -> WorkloadPlan:
     """Every pod of `work` and where it goes. A malformed map or device-env annotation is the
     workload's error (every pod would be refused at admission): ManifestError, naming the line."""
-    text = map_text(work.template)
-    if text is None:
-        raise ManifestError(f"{'' if work.kind == 'Pod' else 'spec.template.'}metadata.annotations has no {ANNOTATION}")
+    texts = [map_text(t) for t in work.templates]
+    if all(text is None for text in texts):
+        raise ManifestError(f"{_template_where(work)}metadata.annotations has no {ANNOTATION}")
+    pods = {index: pod_for(work, index) for index in work.indexes}
     try:
-        entries = parse_map(text)
-        device_mode(work.template)
-        size = gang_size(work.template)
+        entries: dict = {}
+        for template, text in zip(work.templates, texts):
+            if text is not None:
+                entries.update(parse_map(text))
+            device_mode(template)
+        # As bind reads it: on the pod (a JobSet's carries the gang's size, an LWS's its group's).
+        sizes = {index: gang_size(pod) for index, pod in pods.items()} or {None: gang_size(work.template)}
     except (MapError, ModeError, GangError) as error:
         raise ManifestError(str(error)) from None
-    rows = tuple(_row(pod_for(work, index), index) for index in work.indexes)
-    warnings = list(_gang_warnings(work, size))
+    rows = tuple(_row(pods[index], index) for index in work.indexes)
+    size = next((s for s in sizes.values() if s is not None), None)
+    formed = tuple(_gangs(work, rows, sizes))
+    rows = tuple(dataclasses.replace(row, gang=name) for row, name in zip(rows, _row_gangs(work, rows, sizes)))
+    warnings = list(_gang_warnings(work, size, formed))
     if work.indexed:
         beyond = sorted(set(entries) - set(work.indexes))
         if beyond:
@@ -485,22 +718,57 @@ def plan(work: Workload) -> WorkloadPlan:
         if missing:
             warnings.append(Note("ReplicasWithoutEntry", f"pod indexes {_listing(missing)} have no map entry:"
                                  " those pods will stay Pending"))
-    gang = None if size is None else Gang(gangs.gang_name(pod_for(work, work.indexes[0])), size, tuple(
-        GangMember(f"{work.namespace}/{row.pod}", EXPECTED, row.node) for row in rows))
-    return WorkloadPlan(work, rows, tuple(warnings), gang)
+    source = index_source(metadata(pods[work.indexes[0]])).name if work.indexes and work.indexed else None
+    return WorkloadPlan(work, rows, tuple(warnings), formed[0] if formed else None, formed, source)
+
+
+def _row_gangs(work: Workload, rows: tuple[Row, ...], sizes: Mapping[Any, int | None]) -> list[str]:
+    return [gangs.gang_name(row.pod_object) if sizes.get(row.index) is not None else "" for row in rows]
+
+
+def _gangs(work: Workload, rows: tuple[Row, ...], sizes: Mapping[Any, int | None]) -> Iterable[Gang]:
+    """The gangs the workload's pods form, as expected (none decided): the workload's one gang;
+    one per group of a LeaderWorkerSet; a JobSet's one gang, its members every pod that asks for
+    it in every replicated job of the JobSet (this one's and the others')."""
+    members: dict[str, list[GangMember]] = {}
+    size_of: dict[str, int] = {}
+    for row, name in zip(rows, _row_gangs(work, rows, sizes)):
+        if name:
+            members.setdefault(name, []).append(GangMember(f"{work.namespace}/{row.pod}", EXPECTED, row.node))
+            size_of[name] = int(sizes[row.index] or 0)
+    if work.kind == "JobSet" and members:
+        [name] = members
+        members[name] = []
+        for other in workloads(work.source or {}, work.namespace):
+            other_rows = rows if other.part == work.part else [
+                _row(pod_for(other, index), index) for index in other.indexes]
+            for row in other_rows:
+                if gangs.gang_size_or_none(row.pod_object) is not None:
+                    members[name].append(GangMember(f"{work.namespace}/{row.pod}", EXPECTED, row.node))
+    if not members and None in sizes and sizes[None] is not None:  # a workload of no pods
+        yield Gang(f"{work.namespace}/{work.name}", sizes[None], ())
+        return
+    for name, listed in members.items():
+        yield Gang(name, size_of[name], tuple(listed))
 
 
 ORDERED_READY = ("a StatefulSet with podManagementPolicy: OrderedReady creates one pod at a time and never forms a"
                  " gang; set podManagementPolicy: Parallel")
 
 
-def _gang_warnings(work: Workload, size: int | None) -> Iterable[Note]:
+def _gang_warnings(work: Workload, size: int | None, gangs_of: tuple[Gang, ...] = ()) -> Iterable[Note]:
     """What keeps a gang from ever forming, known from the manifest alone."""
     if size is None:
         return
     if work.kind == "StatefulSet":
         if work.pod_management_policy in (None, "OrderedReady"):
             yield Note("GangOrderedReady", ORDERED_READY)
+    if work.kind in ("JobSet", "LeaderWorkerSet"):
+        for gang in gangs_of:
+            if gang.missing:
+                yield Note("GangNeverForms", f"gang {gang.name} needs {gang.size} members ({GANG_ANNOTATION}) but"
+                                             f" the manifest creates {len(gang.members)}: bind places none of them")
+        return
     if work.replicas is not None and work.replicas < size:
         yield Note("GangNeverForms", f"the gang needs {size} members ({GANG_ANNOTATION}) but {work.counted}"
                                      f" creates {work.replicas}: bind places none of them")

@@ -103,7 +103,7 @@ class Shortfall:
             f", ... ({len(self.unplaced)} in all)" if len(self.unplaced) > SHOWN_NODES else "")
         together = f"{n} on one node" + (" under one PCIe root (resource.kubernetes.io/pcieRoot)" if self.one_root else "")
         left = sum(len(f.free) for f in self.after)
-        text = (f"{work.kind} {work.namespace}/{work.name}: {need} = {count * n} GPU{'s' if count * n != 1 else ''} do not fit: {free} GPU"
+        text = (f"{work.title}: {need} = {count * n} GPU{'s' if count * n != 1 else ''} do not fit: {free} GPU"
                 f"{'s are' if free != 1 else ' is'} free now{': ' + where if where else ''}; each replica needs"
                 f" {together}. {len(self.placed)} of {count} replicas fit; "
                 + (f"index {unplaced} does not" if len(self.unplaced) == 1 else f"indexes {unplaced} do not"))
@@ -145,22 +145,38 @@ Result = Placed | Shortfall
 # -- checks of the request ------------------------------------------------------------------------
 def check(work: Workload, gpus: int) -> None:
     """SuggestError naming the fix for a request no map can answer."""
-    what = f"{work.kind} {work.namespace}/{work.name}"
+    what = work.title
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise SuggestError(f"--gpus {gpus}: each replica needs at least 1 GPU; give --gpus 1 or more")
     if work.kind == "Pod":
-        raise SuggestError(f"{what}: a bare Pod is not a set of replicas; suggest places the replicas of a"
-                           " StatefulSet or of a Job with completionMode: Indexed")
+        raise SuggestError(f"{what}: a bare Pod is not a set of replicas; suggest places the replicas of {PLACED}")
     if not work.indexed:
-        raise SuggestError(f"{what}: {work.counted}, so a map cannot name them; suggest places the replicas of a"
-                           " StatefulSet or of a Job with completionMode: Indexed")
+        raise SuggestError(f"{what}: {work.counted}, so a map cannot name them; suggest places the replicas of"
+                           f" {PLACED}")
     if not work.indexes:
-        field = "spec.completions" if work.kind == "Job" else "spec.replicas"
+        field = {"Job": "spec.completions", "JobSet": f"replicated job {work.part}'s replicas and completions"}.get(
+            work.kind, "spec.replicas")
         raise SuggestError(f"{what}: {field} is 0, so there is nothing to place; set {field} to 1 or more")
-    scheduler = spec(work.template).get("schedulerName")
-    if scheduler != "gpu-scheduler":
-        raise SuggestError(f"{what}: spec.template.spec.schedulerName is {scheduler or 'not set'}, so bind would"
-                           " not place the replicas; set it to gpu-scheduler")
+    for where, template in zip(_template_fields(work), work.templates):
+        scheduler = spec(template).get("schedulerName")
+        if scheduler != "gpu-scheduler":
+            raise SuggestError(f"{what}: {where}.spec.schedulerName is {scheduler or 'not set'}, so bind would"
+                               " not place the replicas; set it to gpu-scheduler")
+
+
+PLACED = ("a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs or a"
+          " LeaderWorkerSet")
+
+
+def _template_fields(work: Workload) -> tuple[str, ...]:
+    """Where each of `work.templates` is in its manifest, for messages."""
+    if work.kind == "JobSet":
+        return (f"replicated job {work.part}'s template.spec.template",)
+    if work.kind == "LeaderWorkerSet":
+        lwt = "spec.leaderWorkerTemplate"
+        return (f"{lwt}.workerTemplate",) if work.leader_template is None else (
+            f"{lwt}.leaderTemplate", f"{lwt}.workerTemplate")
+    return ("spec.template",)
 
 
 def dra_mode(work: Workload) -> bool:
@@ -279,6 +295,11 @@ class _Node:
         self.verdicts.clear()  # the node changed: its devices are decided again
 
 
+def _is_leader(work: Workload, index: int) -> bool:
+    """A LeaderWorkerSet's leader made from its own template (its verdicts are its own)."""
+    return work.leader_template is not None and index % max(work.group_size or 1, 1) == 0
+
+
 def _verdict(framework: Framework, pod: Mapping[str, Any], node: _Node) -> Decision:
     return framework.decide(pod, lambda _: node.snapshot)
 
@@ -290,7 +311,7 @@ def _free(framework: Framework, work: Workload, index: int, node: _Node, offered
     for device in offered.devices:
         if device in node.given:
             continue
-        key = (f"{work.kind}/{work.namespace}/{work.name}", device)
+        key = (f"{work.title}/{'leader' if _is_leader(work, index) else 'pod'}", device)
         status = node.verdicts.get(key)
         if status is None:
             status = _verdict(framework, candidate_pod(work, index, f"{index}={node.snapshot.name}:{device}"), node).status
@@ -323,9 +344,16 @@ def suggest(works: Sequence[Workload], gpus: int, strategy: str, snapshots: Sequ
         counts = {n.snapshot.name: 0 for n in nodes}  # this workload's replicas on each node
         placed: list[Choice] = []
         unplaced: list[int] = []
-        for index in work.indexes:
-            choice = _place(framework, work, index, gpus, strategy, nodes, offers, counts)
-            (placed.append(choice) if choice else unplaced.append(index))
+        together = work.placed_together
+        for start in range(0, len(work.indexes), together):
+            group = work.indexes[start:start + together]
+            if len(group) == 1:
+                choice = _place(framework, work, group[0], gpus, strategy, nodes, offers, counts)
+                (placed.append(choice) if choice else unplaced.append(group[0]))
+                continue
+            chosen = _place_group(framework, work, group, gpus, strategy, nodes, offers, counts)
+            placed += [c for c in chosen if c is not None]
+            unplaced += [index for index, c in zip(group, chosen) if c is None]
         if unplaced:
             after = tuple(_free(framework, work, unplaced[0], n, offers[n.snapshot.name]) for n in nodes)
             results.append(Shortfall(work, gpus, strategy, tuple(placed), tuple(unplaced), before, after,
@@ -335,15 +363,49 @@ def suggest(works: Sequence[Workload], gpus: int, strategy: str, snapshots: Sequ
     return results
 
 
-def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy: str, nodes: list[_Node],
-           offers: Mapping[str, Offer], counts: dict[str, int]) -> Choice | None:
-    """Replica `index`'s entry: the first node in the strategy's order where `gpus` devices
-    pass bind's filters together; the node's snapshot then holds the replica."""
+def _order(strategy: str, nodes: Sequence[_Node], counts: Mapping[str, int]) -> list[_Node]:
     if strategy == SPREAD:  # fewest replicas of this workload first: one per node, round-robin
-        order = sorted(nodes, key=lambda n: (counts[n.snapshot.name], n.position))
-    else:  # fill a node before the next
-        order = sorted(nodes, key=lambda n: n.position)
-    for node in order:
+        return sorted(nodes, key=lambda n: (counts[n.snapshot.name], n.position))
+    return sorted(nodes, key=lambda n: n.position)  # fill a node before the next
+
+
+def _place_group(framework: Framework, work: Workload, group: Sequence[int], gpus: int, strategy: str,
+                 nodes: list[_Node], offers: Mapping[str, Offer], counts: dict[str, int]) -> list[Choice | None]:
+    """The entries of a group of replicas kept together (a LeaderWorkerSet's group, a JobSet's
+    replicated job), on as few nodes as fit: the whole group on the first node in the strategy's
+    order that holds all of it; else each replica on a node the group uses already, then on the
+    node with the most devices free (one choice per index, None for one that fits nowhere)."""
+    for node in _order(strategy, nodes, counts):
+        saved = (node.snapshot, set(node.given), node.replicas, dict(node.verdicts), counts[node.snapshot.name])
+        chosen = []
+        for index in group:
+            choice = _place(framework, work, index, gpus, strategy, [node], offers, counts)
+            if choice is None:
+                break
+            chosen.append(choice)
+        if len(chosen) == len(group):
+            return chosen
+        node.snapshot, node.given, node.replicas, node.verdicts, counts[node.snapshot.name] = saved
+    used: dict[str, int] = {}
+    chosen_any: list[Choice | None] = []
+    for index in group:
+        free = {n.snapshot.name: len(_free(framework, work, index, n, offers[n.snapshot.name]).free) // gpus
+                for n in nodes}
+        order = sorted(_order(strategy, nodes, counts),
+                       key=lambda n: (n.snapshot.name not in used, -free[n.snapshot.name]))
+        choice = _place(framework, work, index, gpus, strategy, order, offers, counts, ordered=True)
+        if choice is not None:
+            used[choice.node] = used.get(choice.node, 0) + 1
+        chosen_any.append(choice)
+    return chosen_any
+
+
+def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy: str, nodes: list[_Node],
+           offers: Mapping[str, Offer], counts: dict[str, int], ordered: bool = False) -> Choice | None:
+    """Replica `index`'s entry: the first node in the strategy's order (`ordered`: in the order
+    of `nodes`) where `gpus` devices pass bind's filters together; the node's snapshot then holds
+    the replica."""
+    for node in (nodes if ordered else _order(strategy, nodes, counts)):
         offered = offers[node.snapshot.name]
         free = _free(framework, work, index, node, offered).free
         devices = pick(free, offered.groups, gpus)
@@ -364,16 +426,42 @@ def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy
 
 
 # -- the manifest ------------------------------------------------------------------------------------
-TEMPLATE_PATHS = {"StatefulSet": ("spec", "template"), "Job": ("spec", "template")}
+# Where each kind keeps the pod templates the map is written on (a LeaderWorkerSet: its leader's,
+# when it has one, and its workers'; one map indexes both). A JobSet's are its replicated jobs'.
+TEMPLATE_PATHS = {"StatefulSet": (("spec", "template"),), "Job": (("spec", "template"),),
+                  "LeaderWorkerSet": (("spec", "leaderWorkerTemplate", "leaderTemplate"),
+                                      ("spec", "leaderWorkerTemplate", "workerTemplate"))}
+JOBSET_TEMPLATE_PATH = ("template", "spec", "template")  # in a replicated job
 
 
-def annotate(obj: dict[str, Any], text: str) -> None:
-    """Write `text` as the gpu-scheduling-map of the workload `obj`'s pod template (in place)."""
-    template: Any = obj
-    for key in TEMPLATE_PATHS.get(str(obj.get("kind")), ()):
-        template = template.get(key) if isinstance(template, dict) else None
-    if not isinstance(template, dict):
-        raise ManifestError(f"{obj.get('kind')}: no pod template to annotate")
+def template_at(value: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def annotate(obj: dict[str, Any], text: str, part: str | None = None) -> None:
+    """Write `text` as the gpu-scheduling-map of the workload `obj`'s pod templates (in place):
+    for a JobSet, replicated job `part`'s; for a LeaderWorkerSet, its leaderTemplate (if any) and
+    its workerTemplate."""
+    kind = str(obj.get("kind"))
+    if kind == "JobSet":
+        jobs = template_at(obj, ("spec", "replicatedJobs"))
+        templates = [template_at(job, JOBSET_TEMPLATE_PATH) for job in (jobs if isinstance(jobs, list) else [])
+                     if isinstance(job, dict) and job.get("name") == part]
+        if not templates:
+            raise ManifestError(f"JobSet: no replicated job {part!r} with a pod template to annotate")
+    else:
+        templates = [template_at(obj, path) for path in TEMPLATE_PATHS.get(kind, ((),))]
+        if kind == "LeaderWorkerSet":
+            templates = [t for t in templates if t is not None] or [None]
+    for template in templates:
+        if not isinstance(template, dict):
+            raise ManifestError(f"{kind}: no pod template to annotate")
+        _write(template, text)
+
+
+def _write(template: dict[str, Any], text: str) -> None:
     meta = template.get("metadata")
     if not isinstance(meta, dict):
         meta = template["metadata"] = {}

@@ -19,7 +19,7 @@ from gpu_scheduler.suggest import PACK, SPREAD
 from gpu_scheduler.devices import CUDA, DRA, NVIDIA, device_env
 from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.plugins.dynamicresources.allocator import uses_dra
-from gpu_scheduler import ANNOTATION
+from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.plugins.registry import new_framework
@@ -146,8 +146,9 @@ def parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser(
         "plan", help="each pod's node and GPUs, from manifests", epilog=PLAN_EXAMPLES, **text,
-        description="One row per pod a StatefulSet, Job or Pod manifest creates, as its controller\n"
-        "will create it: index, pod name, node and CUDA_VISIBLE_DEVICES; below the table,\n"
+        description="One row per pod a StatefulSet, Job, JobSet, LeaderWorkerSet or Pod manifest creates,\n"
+        "as its controller will create it (a JobSet: one table per replicated job with the map):\n"
+        "index, pod name, node and CUDA_VISIBLE_DEVICES; below the table, its gangs and\n"
         "what would keep a pod from being placed and what looks wrong. Reads files only,\n"
         "unless --cluster.")
     plan.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
@@ -165,14 +166,16 @@ def parser() -> argparse.ArgumentParser:
     common(explain, output.EXPLAIN_FORMATS)
     suggest = commands.add_parser(
         "suggest", help="write a gpu-scheduling-map that fits the cluster as it is now", epilog=SUGGEST_EXAMPLES,
-        **text, description="A gpu-scheduling-map giving every replica of a StatefulSet or Indexed Job N GPUs on\n"
-        "one node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
+        **text, description="A gpu-scheduling-map giving every replica of a StatefulSet, Indexed Job, JobSet\n"
+        "replicated job or LeaderWorkerSet (each group on as few nodes as fit) N GPUs on one\n"
+        "node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
         "mode their ResourceSlices' devices, one PCIe root per replica where published), less\n"
         "those other workloads hold (pods, bind's device records, DRA claims). Each entry passes\n"
         "bind's own filters now. Prints the placements (or the manifest, -o yaml|json), or says\n"
         "why the replicas do not fit: how many GPUs are free, and where.")
     suggest.add_argument("-f", "--filename", required=True, metavar="FILE",
-                         help="the manifest (a StatefulSet or Indexed Job; other objects pass through); - reads stdin")
+                         help="the manifest (a StatefulSet, Indexed Job, JobSet or LeaderWorkerSet; other objects"
+                         " pass through); - reads stdin")
     suggest.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs for each replica, on one node")
     strategy = suggest.add_mutually_exclusive_group()
     strategy.add_argument("--spread", dest="strategy", action="store_const", const=SPREAD,
@@ -220,25 +223,29 @@ def connect(args):
 
 
 # -- plan ---------------------------------------------------------------------------------------
+def _read_workloads(content, namespace: str, where: str, errors: list[str]):
+    """The document's workloads (a JobSet's: one per replicated job with the map), up to the first
+    object that cannot be read (its error, naming the document, in `errors`)."""
+    try:
+        for obj in core.objects_in(content):
+            yield from core.workloads(obj, namespace)
+    except core.ManifestError as error:
+        errors.append(f"{where}: {error}")
+
+
 def _workloads(documents, namespace: str, explicit: bool, errors: list[str]):
     for document in documents:
         where = f"{files.shown(document.source)}: document {document.number}"
-        try:
-            for obj in core.objects_in(document.content):
-                work = core.workload(obj, namespace)
-                if work is None:
-                    continue
-                where_named = f"{where} ({work.kind} {work.namespace}/{work.name})"
-                if explicit and work.namespace != namespace:
-                    errors.append(f"{where_named}: the namespace of the object ({work.namespace}) does not match"
-                                  f" --namespace {namespace}")
-                    continue
-                try:
-                    yield document, core.plan(work)
-                except core.ManifestError as error:
-                    errors.append(f"{where_named}: {error}")
-        except core.ManifestError as error:
-            errors.append(f"{where}: {error}")
+        for work in _read_workloads(document.content, namespace, where, errors):
+            where_named = f"{where} ({work.title})"
+            if explicit and work.namespace != namespace:
+                errors.append(f"{where_named}: the namespace of the object ({work.namespace}) does not match"
+                              f" --namespace {namespace}")
+                continue
+            try:
+                yield document, core.plan(work)
+            except core.ManifestError as error:
+                errors.append(f"{where_named}: {error}")
 
 
 def framework(args) -> Framework:
@@ -311,17 +318,29 @@ def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     return dra_claim(cluster, args, pod, row.index, row.placement)
 
 
+def _decided_with(work: core.Workload) -> Any:
+    """Which workloads' pods a workload's are decided with: a JobSet's replicated jobs, together."""
+    return ("JobSet", work.namespace, work.name) if work.kind == "JobSet" else id(work)
+
+
 def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     _rules(args)  # refused before anything is read, as bind refuses them at start
     cluster, namespace = connect(args) if args.cluster else (None, args.namespace or "default")
     errors: list[str] = []
     workloads = []
-    for document, plan in _workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors):
-        pods = [admitted(row, cluster) for row in plan.rows] if cluster else []
-        fw, view = (framework(args), read_view(cluster, args, pods, cluster.pdbs())) if cluster else (None, None)
+    plans = list(_workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors))
+    admitted_pods = [[admitted(row, cluster) for row in plan.rows] if cluster else [] for _, plan in plans]
+    # A JobSet's replicated jobs are one workload and one gang: each is decided with the others' pods.
+    together: dict[Any, list] = {}
+    for (_, plan), pods in zip(plans, admitted_pods):
+        together.setdefault(_decided_with(plan.work), []).extend(pods)
+    for (document, plan), pods in zip(plans, admitted_pods):
+        others = together[_decided_with(plan.work)]
+        fw, view = (framework(args), read_view(cluster, args, others, cluster.pdbs())) if cluster else (None, None)
         answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
         decided = [a.scheduling for a in answers]
-        gang = next((a.gang for a in answers if a.gang is not None), plan.gang)
+        decided_gangs = tuple({a.gang.name: a.gang for a in answers if a.gang is not None}.values())
+        gang = decided_gangs[0] if decided_gangs else plan.gang
         rows = []
         for position, row in enumerate(plan.rows):
             claim = _dra_row(cluster, args, row)
@@ -329,12 +348,13 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workload = output.workload_dict(document.source, document.number, plan, rows, gang)
+        workload = output.workload_dict(document.source, document.number, plan, rows, gang, decided_gangs)
         if cluster and args.quota == "true":
             workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
         workloads.append(workload)
     if not workloads and not errors:
-        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet or Job with the gpu-scheduling-map annotation")
+        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the"
+                      " gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
 
 
@@ -391,43 +411,68 @@ def run_explain(args) -> dict[str, Any]:
 
 
 # -- suggest ------------------------------------------------------------------------------------
+SUGGESTED_WITH_MAP = (*core.UNINDEXED_KINDS, "JobSet", "LeaderWorkerSet")  # suggest reads them as if mapped
+
+
 def _suggested_workloads(documents, namespace: str, explicit: bool) -> list[tuple[Any, core.Workload]]:
-    """(the object, its workload) for each StatefulSet and Job of the documents; UsageError at the
-    first object that cannot be read, naming file and document."""
+    """(the object, its workload) for each StatefulSet, Job, JobSet replicated job and LeaderWorkerSet of the
+    documents; UsageError at the first object that cannot be read, naming file and document."""
     found = []
     for document in documents:
         where = f"{files.shown(document.source)}: document {document.number}"
         try:
             for obj in core.objects_in(document.content):
-                if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *core.UNINDEXED_KINDS):
+                if obj.get("kind") not in ("StatefulSet", "Job", "Pod", *SUGGESTED_WITH_MAP):
                     continue
-                work = (core.workload(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod")
-                        else core.workload(_with_map(obj), namespace))
-                if work is None:
-                    continue
-                if explicit and work.namespace != namespace:
-                    raise UsageError(f"{where} ({work.kind} {work.namespace}/{work.name}): the namespace of the"
-                                     f" object ({work.namespace}) does not match --namespace {namespace}")
-                found.append((obj, work))
+                works = (core.workloads(obj, namespace) if obj.get("kind") in ("StatefulSet", "Job", "Pod")
+                         else core.workloads(_with_map(obj), namespace))
+                for work in works:
+                    if explicit and work.namespace != namespace:
+                        raise UsageError(f"{where} ({work.title}): the namespace of the object ({work.namespace})"
+                                         f" does not match --namespace {namespace}")
+                    found.append((obj, work))
         except core.ManifestError as error:
             raise UsageError(f"{where}: {error}") from None
     return found
 
 
-def _with_map(obj: Any) -> Any:
-    """An unindexed workload as if it had a map, so that suggest names it (and why no map fits it)."""
-    path = core.UNINDEXED_KINDS.get(obj.get("kind"), ())
-    copy = json.loads(json.dumps(obj))
-    template: Any = copy
-    for key in path:
+def _templates(obj: Any) -> list[Any]:
+    """The pod templates suggest writes a map on, in `obj` (a JobSet's: those of its replicated jobs
+    whose pods gpu-scheduler places, or that carry a map; if none does, all, so that suggest names
+    the fix)."""
+    kind = obj.get("kind")
+    if kind == "JobSet":
+        jobs = suggesting.template_at(obj, ("spec", "replicatedJobs"))
+        templates = [suggesting.template_at(job, suggesting.JOBSET_TEMPLATE_PATH)
+                     for job in (jobs if isinstance(jobs, list) else [])]
+        ours = [t for t in templates if isinstance(t, dict) and (
+            isinstance(t.get("spec"), dict) and t["spec"].get("schedulerName") == SCHEDULER_NAME
+            or map_text(t) is not None)]
+        return ours or templates
+    if kind == "LeaderWorkerSet":
+        return [suggesting.template_at(obj, path) for path in suggesting.TEMPLATE_PATHS[kind]]
+    template: Any = obj
+    for key in core.UNINDEXED_KINDS.get(kind, ()):
         template = template.get(key) if isinstance(template, dict) else None
+    return [template]
+
+
+def _with_map(obj: Any) -> Any:
+    """A workload as if its pod templates had a map, so that suggest names it (and, for an
+    unindexed one, why no map fits it)."""
+    copy = json.loads(json.dumps(obj))
+    for template in _templates(copy):
+        _with_empty_map(template)
+    return copy
+
+
+def _with_empty_map(template: Any) -> None:
     if isinstance(template, dict):
         meta = template.setdefault("metadata", {}) if isinstance(template.get("metadata", {}), dict) else None
         if meta is not None:
             annotations = meta.setdefault("annotations", {})
             if isinstance(annotations, dict):
                 annotations.setdefault(ANNOTATION, "")
-    return copy
 
 
 def run_suggest(args, stdin) -> tuple[list, list, str]:
@@ -441,8 +486,8 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
     cluster, namespace = connect(args)  # the kubeconfig only: the API is read once the request is sound
     found = _suggested_workloads(documents, namespace, bool(args.namespace))
     if not found:
-        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet or Indexed Job to place (suggest writes the"
-                         " map of a StatefulSet, or of a Job with completionMode: Indexed)")
+        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"
+                         f" (suggest writes the map of {suggesting.PLACED})")
     works = [work for _, work in found]
     try:
         for work in works:
@@ -457,7 +502,7 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
         raise UsageError(str(error)) from None
     for (obj, _), result in zip(found, results):
         if isinstance(result, suggesting.Placed):
-            suggesting.annotate(obj, result.map_text)
+            suggesting.annotate(obj, result.map_text, result.work.part)
     return documents, results, "json" if args.filename.endswith(".json") else "yaml"
 
 

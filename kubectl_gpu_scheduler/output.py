@@ -34,6 +34,7 @@ def row_dict(row: Row, cluster: Scheduling | None = None) -> dict[str, Any]:
         "devices": list(row.devices),
         "mode": row.mode, "env": {"cuda": dict(row.env), "nvidia": dict(row.nvidia_env)},
         "placeable": placeable, "problems": _notes(row.problems), "warnings": _notes(row.warnings),
+        **({"gang": row.gang} if row.gang else {}),
     }
     if cluster is not None:
         answer["cluster"] = {"decision": DECISIONS[cluster.action], "plugin": cluster.plugin or None,
@@ -42,18 +43,40 @@ def row_dict(row: Row, cluster: Scheduling | None = None) -> dict[str, Any]:
 
 
 def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dict[str, Any]],
-                  gang: Gang | None = None) -> dict[str, Any]:
-    """`gang`: the plan's gang as decided on the cluster (plan --cluster), else the plan's own."""
+                  gang: Gang | None = None, gangs: tuple[Gang, ...] = ()) -> dict[str, Any]:
+    """`gang`, `gangs`: the plan's gangs as decided on the cluster (plan --cluster), else the plan's
+    own. "gang" is the first; "gangs", where a workload forms several (a LeaderWorkerSet's groups),
+    all of them."""
     work = plan.work
     answer = {"source": source, "document": document, "kind": work.kind, "namespace": work.namespace,
               "name": work.name, "replicas": work.replicas, "indexed": work.indexed,
               "ordinalsStart": work.ordinals_start, "placeable": all(r["placeable"] for r in rows),
               "pods": rows, "warnings": _notes(plan.warnings)}
-    gang = gang or plan.gang
-    if gang is not None:
-        answer["gang"] = gang_dict(gang)
-        answer["placeable"] = answer["placeable"] and (gang.verdict is None or gang.verdict.placeable)
+    if work.kind in ("JobSet", "LeaderWorkerSet"):
+        answer.update({"replicatedJob": work.part} if work.part else {})
+        answer.update(groups=work.groups, groupSize=work.group_size)
+    if plan.index_source:
+        answer["indexSource"] = plan.index_source
+    decided = {g.name: g for g in ((gang,) if gang else ()) + tuple(gangs)}
+    every = [decided.get(g.name, g) for g in plan.gangs] or ([gang] if gang else [])
+    every += [g for g in decided.values() if g.name not in {e.name for e in every}]
+    if every:
+        answer["gang"] = gang_dict(every[0])
+        if len(every) > 1:
+            answer["gangs"] = [gang_dict(g) for g in every]
+        answer["placeable"] = answer["placeable"] and all(g.verdict is None or g.verdict.placeable for g in every)
     return answer
+
+
+# How plan names the index source of a JobSet's or a LeaderWorkerSet's pods (podindex.INDEX_SOURCES).
+INDEX_SOURCES = {"JobSet": "JobSet (job-index × completions + completion index)",
+                 "LeaderWorkerSet": "LeaderWorkerSet (group-index × size + worker-index, the leader worker 0)"}
+
+
+def workload_title(work: Mapping[str, Any]) -> str:
+    """A workload (as workload_dict gives it) for people: "JobSet team/train, replicated job workers"."""
+    part = f", replicated job {work['replicatedJob']}" if work.get("replicatedJob") else ""
+    return f"{work['kind']} {work['namespace']}/{work['name']}{part}"
 
 
 def gang_dict(gang: Gang) -> dict[str, Any]:
@@ -109,11 +132,16 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
     out = []
     for work in answer["workloads"]:
         where = shown(work["source"])
-        how = counted(work["kind"], work["indexed"], work["replicas"], work["ordinalsStart"])
-        out.append(f"{work['kind']} {work['namespace']}/{work['name']} ({where}, document {work['document']};"
-                   f" {how})\n")
+        how = counted(work["kind"], work["indexed"], work["replicas"], work["ordinalsStart"], work.get("groups"),
+                      work.get("groupSize"))
+        if work["kind"] in INDEX_SOURCES and work.get("indexSource"):
+            how += f"; index: {INDEX_SOURCES.get(work['indexSource'], work['indexSource'])}"
+        out.append(f"{workload_title(work)} ({where}, document {work['document']}; {how})\n")
         checked = any("cluster" in p for p in work["pods"])
-        header = ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", *(["NVIDIA MODE"] if wide else []), "STATUS"]
+        gangs = work.get("gangs") or ([work["gang"]] if work.get("gang") else [])
+        grouped = len(gangs) > 1  # a column says which gang each pod is in
+        header = ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", *(["NVIDIA MODE"] if wide else []),
+                  *(["GANG"] if grouped else []), "STATUS"]
         lines = []
         for pod in work["pods"]:
             status = ",".join(p["reason"] for p in pod["problems"]) or "ok"
@@ -121,23 +149,22 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
                 status = {"bind": "bind now", "none": status}.get(
                     pod["cluster"]["decision"], f"{pod['cluster'].get('plugin')} now")
             nvidia = [_env_text(pod["env"]["nvidia"]) or "<none>"] if wide else []
+            gang_column = [pod.get("gang") or "<none>"] if grouped else []
             lines.append(["-" if pod["index"] is None else str(pod["index"]), pod["pod"], pod["node"] or "<none>",
-                          ",".join(pod["devices"]) or "<none>", *nvidia, status])
+                          ",".join(pod["devices"]) or "<none>", *nvidia, *gang_column, status])
         out.append(columns(header, lines))
-        gang = work.get("gang")
-        gang_refusal = (gang["verdict"]["message"] if gang and gang["verdict"] and gang["verdict"]["reason"] != "Bind"
-                        else None)
+        gang_refusals = {g["verdict"]["message"] for g in gangs if g["verdict"] and g["verdict"]["reason"] != "Bind"}
         for pod in work["pods"]:
             who = f"pod {pod['pod']}"
             for problem in pod["problems"]:
                 out.append(f"  not placed: {who}: {problem['message']}\n")
-            if pod.get("cluster", {}).get("decision") == "wait" and pod["cluster"]["message"] != gang_refusal:
+            if pod.get("cluster", {}).get("decision") == "wait" and pod["cluster"]["message"] not in gang_refusals:
                 out.append(f"  not placed now: {who}: {pod['cluster']['message']}\n")
             for warning in pod["warnings"]:
                 out.append(f"  warning: {who}: {warning['message']}\n")
             if pod.get("claim"):
                 out.append(f"  claim: {who}: {claim_text(pod['claim'], work['namespace'])}\n")
-        if gang:
+        for gang in gangs:
             out += [line + "\n" for line in gang_lines(gang)]
         for warning in work["warnings"]:
             out.append(f"  warning: {warning['message']}\n")
@@ -250,7 +277,7 @@ def suggest_table(results, edited: str | None = None) -> str:
     out = []
     for result in results:
         work = result.work
-        out.append(f"{work.kind} {work.namespace}/{work.name} ({counted(work.kind, work.indexed, work.replicas, work.ordinals_start)};"
+        out.append(f"{work.title} ({work.counted};"
                    f" {result.gpus} GPU{'s' if result.gpus != 1 else ''} each)\n")
         out.append(columns(["INDEX", "POD", "NODE", "DEVICES"],
                            [[str(c.index), c.pod, c.node, ",".join(c.devices)] for c in result.choices]))

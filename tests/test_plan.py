@@ -496,3 +496,198 @@ def test_a_gang_with_members_missing_and_one_that_binds():
     whole = core.answer(pair[0], framework, view(pair)).gang
     assert (whole.verdict.action, whole.verdict.message, whole.verdict.placeable) == (
         "bind", "bind 2 members together", True)
+
+
+# -- JobSet and LeaderWorkerSet ------------------------------------------------------------------
+from gpu_scheduler.fit import gang_key, workload as workload_of  # noqa: E402
+from gpu_scheduler.plugins.gang import GANG_SIZE  # noqa: E402
+from gpu_scheduler.podindex import JOB_COMPLETIONS, LWS_SIZE_ANNOTATION, index_source  # noqa: E402
+
+WORKERS_MAP = "0=node1:0,1\n1=node1:2,3\n2=node2:0,1\n3=node2:2,3"
+DRIVER_MAP = "0=node3:0"
+
+
+def replicated_job(name, text, replicas=2, parallelism=2, completions=2, gang=None):
+    job_spec = {"template": template(text, annotations={GANG: gang} if gang else None)}
+    job_spec.update({k: v for k, v in (("parallelism", parallelism), ("completions", completions)) if v is not None})
+    job = {"name": name, "template": {"spec": job_spec}}
+    if replicas is not None:
+        job["replicas"] = replicas
+    return job
+
+
+def jobset(gang=None, driver_gang=None):
+    """A JobSet of two replicated jobs: workers (2 Jobs of 2 pods) and driver (1 Job of 1 pod)."""
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train", "namespace": "team"},
+            "spec": {"replicatedJobs": [replicated_job("workers", WORKERS_MAP, gang=gang),
+                                        replicated_job("driver", DRIVER_MAP, None, 1, None, gang=driver_gang)]}}
+
+
+def test_a_jobset_is_one_workload_per_replicated_job_with_the_map():
+    workers, driver = core.workloads(jobset())
+    assert (workers.title, workers.indexes, workers.groups, workers.group_size) == (
+        "JobSet team/train, replicated job workers", (0, 1, 2, 3), 2, 2)
+    assert (driver.title, driver.indexes, driver.replicas) == ("JobSet team/train, replicated job driver", (0,), 1)
+    assert workers.indexed and workers.counted == "replicas 2 × completions 2 = 4 pods"
+    assert core.workload(jobset()) == workers
+    obj = jobset()
+    del obj["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert [w.part for w in core.workloads(obj)] == ["workers"], "a replicated job without the map is not ours"
+
+
+def test_a_jobset_plans_every_pod_with_its_own_entry():
+    workers, driver = (core.plan(w) for w in core.workloads(jobset()))
+    assert [(r.index, r.pod, r.node, ",".join(r.devices)) for r in workers.rows] == [
+        (0, "train-workers-0-0-*", "node1", "0,1"), (1, "train-workers-0-1-*", "node1", "2,3"),
+        (2, "train-workers-1-0-*", "node2", "0,1"), (3, "train-workers-1-1-*", "node2", "2,3")]
+    assert [(r.index, r.pod, r.node, r.devices) for r in driver.rows] == [(0, "train-driver-0-0-*", "node3", ("0",))]
+    assert workers.placeable and driver.placeable and workers.warnings == driver.warnings == ()
+    assert workers.gang is None and workers.index_source == "JobSet"
+
+
+def test_a_jobset_pod_is_what_the_jobset_and_job_controllers_and_mutate_make():
+    workers, driver = core.workloads(jobset(gang="true"))
+    pod = core.pod_for(workers, 3)
+    meta = pod["metadata"]
+    assert meta["generateName"] == "train-workers-1-1-" and "name" not in meta and meta["namespace"] == "team"
+    jobset_keys = {"jobset.sigs.k8s.io/jobset-name": "train", "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                   "jobset.sigs.k8s.io/replicatedjob-replicas": "2", "jobset.sigs.k8s.io/job-index": "1",
+                   "jobset.sigs.k8s.io/job-global-index": "1", "jobset.sigs.k8s.io/global-replicas": "3"}
+    assert meta["labels"] == {"app": "w", **jobset_keys, "batch.kubernetes.io/job-name": "train-workers-1",
+                              "job-name": "train-workers-1", JOB_INDEX_KEY: "1"}
+    assert meta["annotations"] == {ANNOTATION: WORKERS_MAP, GANG: "true", **jobset_keys, JOB_INDEX_KEY: "1",
+                                   JOB_COMPLETIONS: "2", GANG_SIZE: "4"}
+    assert meta["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": "train-workers-1",
+                                        "controller": True, "blockOwnerDeletion": True}]
+    assert pod_index(meta) == 3 and index_source(meta).name == "JobSet"
+    assert workload_of(pod) == gang_key(pod) == ("owner", "team", "JobSet", "train")
+    driver_meta = core.pod_for(driver, 0)["metadata"]
+    assert driver_meta["labels"]["jobset.sigs.k8s.io/job-global-index"] == "2", "after the workers' 2 Jobs"
+    assert GANG_SIZE not in driver_meta["annotations"], "the driver does not ask for the gang"
+    for work in (workers, driver):
+        assert [pod_index(core.pod_for(work, i)["metadata"]) for i in work.indexes] == list(work.indexes)
+
+
+def test_a_jobset_is_one_gang_over_its_replicated_jobs_that_ask_for_it():
+    workers, driver = (core.plan(w) for w in core.workloads(jobset(gang="true", driver_gang="true")))
+    for plan in (workers, driver):
+        assert (plan.gang.name, plan.gang.size, plan.gang.missing) == ("team/train", 5, 0)
+        assert [(m.name, m.node) for m in plan.gang.members] == [
+            ("team/train-workers-0-0-*", "node1"), ("team/train-workers-0-1-*", "node1"),
+            ("team/train-workers-1-0-*", "node2"), ("team/train-workers-1-1-*", "node2"),
+            ("team/train-driver-0-0-*", "node3")]
+        assert {r.gang for r in plan.rows} == {"team/train"} and plan.warnings == ()
+    workers, driver = (core.plan(w) for w in core.workloads(jobset(gang="true")))
+    assert (workers.gang.size, len(workers.gang.members)) == (4, 4) and driver.gang is None
+    assert {r.gang for r in driver.rows} == {""}
+
+
+def lws(replicas=2, size=3, leader=True, gang="true"):
+    """A LeaderWorkerSet of `replicas` groups of `size`; its leader has a template of its own."""
+    text = "\n".join(f"{i}=node{i // 3 + 1}:{i % 3}" for i in range(6))
+    annotations = {GANG: gang} if gang else None
+    lwt = {"size": size, "workerTemplate": template(text, annotations=annotations)}
+    if leader:
+        lwt["leaderTemplate"] = template(text, annotations=annotations, containers=[{"name": "leader", "image": "i"}])
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "infer", "namespace": "team"}, "spec": {"replicas": replicas, "leaderWorkerTemplate": lwt}}
+
+
+def test_a_leaderworkerset_plans_its_groups_leader_first():
+    [work] = core.workloads(lws())
+    assert (work.indexes, work.counted) == (tuple(range(6)), "replicas 2 × size 3 = 6 pods")
+    plan = core.plan(work)
+    assert [(r.index, r.pod, r.node, r.devices, r.gang) for r in plan.rows] == [
+        (0, "infer-0", "node1", ("0",), "team/infer group 0"), (1, "infer-0-1", "node1", ("1",), "team/infer group 0"),
+        (2, "infer-0-2", "node1", ("2",), "team/infer group 0"), (3, "infer-1", "node2", ("0",), "team/infer group 1"),
+        (4, "infer-1-1", "node2", ("1",), "team/infer group 1"), (5, "infer-1-2", "node2", ("2",), "team/infer group 1")]
+    assert [(g.name, g.size, [m.name for m in g.members]) for g in plan.gangs] == [
+        ("team/infer group 0", 3, ["team/infer-0", "team/infer-0-1", "team/infer-0-2"]),
+        ("team/infer group 1", 3, ["team/infer-1", "team/infer-1-1", "team/infer-1-2"])]
+    assert plan.gang == plan.gangs[0] and plan.placeable and plan.warnings == ()
+    assert plan.index_source == "LeaderWorkerSet"
+
+
+def test_a_leaderworkerset_pod_is_what_its_controller_makes():
+    [work] = core.workloads(lws())
+    leader, worker = core.pod_for(work, 3), core.pod_for(work, 5)
+    assert leader["spec"]["containers"][0]["name"] == "leader" and worker["spec"]["containers"][0]["name"] == "c"
+    assert leader["metadata"]["ownerReferences"][0] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "infer",
+                                                        "controller": True, "blockOwnerDeletion": True}
+    assert worker["metadata"]["ownerReferences"][0]["name"] == "infer-1"
+    assert {k: v for k, v in worker["metadata"]["labels"].items() if k.startswith("leaderworkerset")} == {
+        "leaderworkerset.sigs.k8s.io/name": "infer", "leaderworkerset.sigs.k8s.io/group-index": "1",
+        "leaderworkerset.sigs.k8s.io/worker-index": "2"}
+    assert worker["metadata"]["annotations"][LWS_SIZE_ANNOTATION] == "3"
+    assert worker["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/leader-name"] == "infer-1"
+    for index in work.indexes:
+        pod = core.pod_for(work, index)
+        assert pod_index(pod["metadata"]) == index
+        assert gang_key(pod) == ("owner", "team", "LeaderWorkerSet", "infer", str(index // 3))
+    [without_leader] = core.workloads(lws(leader=False))
+    assert core.pod_for(without_leader, 0)["spec"]["containers"][0]["name"] == "c", "the workerTemplate makes the leader"
+
+
+def test_a_leaderworkerset_gang_smaller_than_its_group():
+    plan = core.plan(core.workload(lws(gang="2")))
+    assert [(g.size, len(g.members)) for g in plan.gangs] == [(2, 3), (2, 3)] and plan.warnings == ()
+
+
+def test_a_leaderworkerset_without_the_map_is_not_ours():
+    obj = lws(gang=None)
+    for key in ("leaderTemplate", "workerTemplate"):
+        del obj["spec"]["leaderWorkerTemplate"][key]["metadata"]["annotations"][ANNOTATION]
+    assert core.workloads(obj) == [] and core.workload(obj) is None
+
+
+def _without(obj, *path):
+    obj = yaml.safe_load(yaml.safe_dump(obj))
+    *parents, last = path
+    target = obj
+    for key in parents:
+        target = target[key]
+    del target[last]
+    return obj
+
+
+def _with(obj, value, *path):
+    obj = yaml.safe_load(yaml.safe_dump(obj))
+    *parents, last = path
+    target = obj
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    return obj
+
+
+RJ = ("spec", "replicatedJobs", 0)
+LWT = ("spec", "leaderWorkerTemplate")
+
+
+@pytest.mark.parametrize("obj,message", [
+    (_with(jobset(), "2", *RJ, "replicas"), 'spec.replicatedJobs[0].replicas: expected a non-negative integer, found "2"'),
+    (_without(jobset(), *RJ, "template"), "spec.replicatedJobs[0].template: expected an object, found nothing"),
+    (_without(jobset(), *RJ, "name"), "spec.replicatedJobs[0].name: a replicated job needs a name, found nothing"),
+    (_without(jobset(), *RJ, "template", "spec", "template"),
+     "spec.replicatedJobs[0].template.spec.template: expected an object, found nothing"),
+    (_with(jobset(), -1, *RJ, "template", "spec", "completions"),
+     "spec.replicatedJobs[0].template.spec.completions: expected a non-negative integer, found -1"),
+    (_with(jobset(), "NonIndexed", *RJ, "template", "spec", "completionMode"),
+     'spec.replicatedJobs[0].template.spec.completionMode: a JobSet\'s pods have an index only with Indexed'),
+    (_with(jobset(), [], "spec", "replicatedJobs"), "spec.replicatedJobs: expected a list of replicated jobs, found a list"),
+    (_with(jobset(), 5001, *RJ, "replicas"), f"a plan lists at most {core.MAX_REPLICAS} pods"),
+    (_without(jobset(), "metadata", "name"), "metadata.name: a JobSet needs a name"),
+    (_with(lws(), 0, *LWT, "size"), "spec.leaderWorkerTemplate.size: expected at least 1 (the leader), found 0"),
+    (_with(lws(), "3", *LWT, "size"), 'spec.leaderWorkerTemplate.size: expected a non-negative integer, found "3"'),
+    (_with(lws(), "2", "spec", "replicas"), 'spec.replicas: expected a non-negative integer, found "2"'),
+    (_without(lws(), *LWT, "workerTemplate"), "spec.leaderWorkerTemplate.workerTemplate: expected an object"),
+    (_with(lws(), {"metadata": {}}, *LWT, "leaderTemplate"),
+     "spec.leaderWorkerTemplate.leaderTemplate.spec: expected an object, found nothing"),
+    (_without(lws(), "spec", "leaderWorkerTemplate"), "spec.leaderWorkerTemplate: expected an object, found nothing"),
+    (_with(lws(), 5001, "spec", "replicas"), f"a plan lists at most {core.MAX_REPLICAS} pods"),
+])
+def test_malformed_jobsets_and_leaderworkersets_name_the_field(obj, message):
+    with pytest.raises(core.ManifestError) as raised:
+        for work in core.workloads(obj):
+            core.plan(work)
+    assert message in str(raised.value)

@@ -222,8 +222,8 @@ def test_namespace_flag_defaults_and_must_agree(tmp_path):
     ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found a list"),
     ("kind: StatefulSet\nmetadata: {name: x}\nspec: {replicas: -1, template: {spec: {}}}\n",
      "spec.replicas: expected a non-negative integer, found -1"),
-    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
-    ("", "no Pod, StatefulSet or Job with the gpu-scheduling-map annotation"),
+    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
+    ("", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
 ])
 def test_malformed_manifests_exit_2_with_one_line(tmp_path, content, message):
     path = tmp_path / "m.yaml"
@@ -402,9 +402,10 @@ def test_suggest_refuses_a_bad_request_before_reading_the_cluster(unreachable_ku
     ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
       "spec": {"template": {"spec": {"schedulerName": "gpu-scheduler", "containers": []}}}},
      "Deployment default/d: a Deployment's pods are named with generateName, so a map cannot name them;"
-     " suggest places the replicas of a StatefulSet or of a Job with completionMode: Indexed"),
+     " suggest places the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated"
+     " jobs or a LeaderWorkerSet"),
     ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
-     "no StatefulSet or Indexed Job to place"),
+     "no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"),
     (with_map("0=node1:0", replicas=0), "spec.replicas is 0, so there is nothing to place; set spec.replicas to 1"),
 ])
 def test_suggest_names_the_fix_for_a_manifest_it_cannot_place(tmp_path, unreachable_kubeconfig, manifest, message):
@@ -534,3 +535,79 @@ def test_plan_cluster_table_says_the_gangs_refusal_once():
     assert [row[-2:] for row in table_rows(text)] == [["Gang", "now"]] * 5
     assert text.count(BLOCKED) == 1 and f"  gang not placeable now: {BLOCKED}\n" in text
     assert "  member w-3 refused by GPUsHeld: GPU 3 on node4 is held by team-a/x-0\n" in text
+
+
+# -- JobSet and LeaderWorkerSet ------------------------------------------------------------------------
+JOBSET_AND_LWS = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: train, namespace: team}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        parallelism: 2
+        completions: 2
+        template:
+          metadata:
+            annotations: {gpu-scheduler/gang: "true", gpu-scheduling-map: "0=node1:0,1\\n1=node1:2,3\\n2=node2:0,1\\n3=node2:2,3\\n"}
+          spec: {schedulerName: gpu-scheduler, restartPolicy: Never, containers: [{name: c, image: i}]}
+  - name: driver
+    template:
+      spec:
+        template:
+          metadata:
+            annotations: {gpu-scheduler/gang: "true", gpu-scheduling-map: "0=node3:0\\n"}
+          spec: {schedulerName: gpu-scheduler, restartPolicy: Never, containers: [{name: c, image: i}]}
+---
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: infer, namespace: team}
+spec:
+  replicas: 2
+  leaderWorkerTemplate:
+    size: 3
+    workerTemplate:
+      metadata:
+        annotations: {gpu-scheduler/gang: "true", gpu-scheduling-map: "0=node1:0\\n1=node1:1\\n2=node1:2\\n3=node2:0\\n4=node2:1\\n5=node2:2\\n"}
+      spec: {schedulerName: gpu-scheduler, containers: [{name: c, image: i}]}
+"""
+
+
+def test_plan_lists_every_pod_of_a_jobset_and_a_leaderworkerset_with_its_gang(tmp_path):
+    code, out, err = run("plan", "-f", write(tmp_path, JOBSET_AND_LWS))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == ("JobSet team/train, replicated job workers (" + str(tmp_path / "w.yaml") + ", document 1;"
+                        " replicas 2 × completions 2 = 4 pods; index: JobSet (job-index × completions + completion"
+                        " index))")
+    assert lines[2].split() == ["0", "train-workers-0-0-*", "node1", "0,1", "ok"]
+    assert lines[5].split() == ["3", "train-workers-1-1-*", "node2", "2,3", "ok"]
+    assert ("  gang team/train: 5 members, bound together or none: train-workers-0-0-* ... train-driver-0-0-*"
+            in lines)
+    assert "replicated job driver" in lines[8] and lines[10].split() == ["0", "train-driver-0-0-*", "node3", "0", "ok"]
+    lws = lines[lines.index(next(l for l in lines if l.startswith("LeaderWorkerSet"))):]
+    assert lws[0].endswith("; replicas 2 × size 3 = 6 pods; index: LeaderWorkerSet (group-index × size +"
+                           " worker-index, the leader worker 0))")
+    assert lws[1].split() == ["INDEX", "POD", "NODE", "CUDA_VISIBLE_DEVICES", "GANG", "STATUS"]
+    assert [row.split()[:3] for row in lws[2:8]] == [["0", "infer-0", "node1"], ["1", "infer-0-1", "node1"],
+                                                     ["2", "infer-0-2", "node1"], ["3", "infer-1", "node2"],
+                                                     ["4", "infer-1-1", "node2"], ["5", "infer-1-2", "node2"]]
+    assert lws[8:] == ["  gang team/infer group 0: 3 members, bound together or none: infer-0 ... infer-0-2",
+                       "  gang team/infer group 1: 3 members, bound together or none: infer-1 ... infer-1-2"]
+    code, out, _ = run("plan", "-f", write(tmp_path, JOBSET_AND_LWS), "-o", "json")
+    workers, driver, infer = json.loads(out)["workloads"]
+    assert (workers["replicatedJob"], workers["groups"], workers["groupSize"], workers["indexSource"]) == (
+        "workers", 2, 2, "JobSet")
+    assert [p["gang"] for p in infer["pods"]] == ["team/infer group 0"] * 3 + ["team/infer group 1"] * 3
+    assert [g["name"] for g in infer["gangs"]] == ["team/infer group 0", "team/infer group 1"]
+    assert infer["gang"] == infer["gangs"][0] and "gangs" not in workers
+
+
+def test_plan_names_the_field_of_a_malformed_jobset(tmp_path):
+    bad = JOBSET_AND_LWS.replace("replicas: 2\n    template", 'replicas: "2"\n    template')
+    code, _, err = run("plan", "-f", write(tmp_path, bad))
+    assert code == 2 and ('document 1: spec.replicatedJobs[0].replicas: expected a non-negative integer, found "2"'
+                          in err)

@@ -228,7 +228,8 @@ def test_pick_takes_the_fullest_fitting_group_and_its_lowest_devices():
     ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
       "spec": {"template": statefulset()["spec"]["template"]}}, 1,
      "Job default/j: a NonIndexed Job's pods are named with generateName, so a map cannot name them; suggest places"
-     " the replicas of a StatefulSet or of a Job with completionMode: Indexed"),
+     " the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs or a"
+     " LeaderWorkerSet"),
     (statefulset(2, schedulerName="default-scheduler"), 1,
      "spec.template.spec.schedulerName is default-scheduler, so bind would not place the replicas; set it to"
      " gpu-scheduler"),
@@ -267,3 +268,106 @@ def test_many_nodes_and_replicas_are_chosen_in_bounded_time():
     result = run(statefulset(400), 4, PACK, nodes)
     assert isinstance(result, Placed) and len(result.choices) == 400
     assert time.monotonic() - started < 30
+
+
+# -- JobSet and LeaderWorkerSet ------------------------------------------------------------------------
+from gpu_scheduler.plan import plan as plan_of, workloads  # noqa: E402
+
+GANG = "gpu-scheduler/gang"
+
+
+def pod_template(containers=("c",), gang: bool = True) -> dict:
+    return {"metadata": {"annotations": {GANG: "true"} if gang else {}},
+            "spec": {"schedulerName": SCHEDULER_NAME, "containers": [{"name": c, "image": "i"} for c in containers]}}
+
+
+def jobset() -> dict:
+    """Workers: 2 Jobs of 2 pods; driver: 1 Job of 1 pod; no map yet (suggest's input)."""
+    def job(name, replicas, n):
+        return {"name": name, "replicas": replicas,
+                "template": {"spec": {"parallelism": n, "completions": n, "template": pod_template()}}}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train", "namespace": "team"},
+            "spec": {"replicatedJobs": [job("workers", 2, 2), job("driver", 1, 1)]}}
+
+
+def lws(leader: bool = True) -> dict:
+    lwt = {"size": 3, "workerTemplate": pod_template()}
+    if leader:
+        lwt["leaderTemplate"] = pod_template(("leader",))
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "infer", "namespace": "team"}, "spec": {"replicas": 2, "leaderWorkerTemplate": lwt}}
+
+
+def with_empty_maps(obj: dict) -> dict:
+    """What the plugin gives suggest: the templates as if they had a map (cli._with_map)."""
+    from kubectl_gpu_scheduler.cli import _with_map
+    return _with_map(obj)
+
+
+def suggested(obj: dict, gpus: int, strategy: str, nodes) -> list:
+    results = suggest(workloads(with_empty_maps(obj)), gpus, strategy, nodes, FRAMEWORK, CONFIG)
+    for result in results:
+        assert isinstance(result, Placed), result.message
+        annotate(obj, result.map_text, result.work.part)
+    return results
+
+
+def test_a_jobset_gets_a_map_on_each_replicated_job_that_plan_then_places():
+    nodes = [snapshot(node("a")), snapshot(node("b")), snapshot(node("c"))]
+    obj = jobset()
+    workers, driver = suggested(obj, 2, SPREAD, nodes)
+    assert (workers.work.part, workers.map_text) == ("workers", "0=a:0,1\n1=a:2,3\n2=b:0,1\n3=b:2,3\n")
+    assert (driver.work.part, driver.map_text) == ("driver", "0=c:0,1\n"), "a's and b's GPUs went to the workers"
+    texts = [job["template"]["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+             for job in obj["spec"]["replicatedJobs"]]
+    assert texts == [workers.map_text, driver.map_text]
+    plans = [plan_of(work) for work in workloads(obj)]
+    assert [[(r.index, r.node, r.devices) for r in p.rows] for p in plans] == [
+        [(c.index, c.node, c.devices) for c in result.choices] for result in (workers, driver)]
+    assert all(p.placeable for p in plans) and plans[0].gang.size == 5 and len(plans[0].gang.members) == 5
+
+
+def test_a_leaderworkerset_gets_one_map_on_both_templates_each_group_on_one_node():
+    nodes = [snapshot(node("a"), pods=[holder("h", "a", "0")]), snapshot(node("b")), snapshot(node("c"))]
+    obj = lws()
+    [result] = suggested(obj, 1, PACK, nodes)
+    # Pack would fill a's 3 free GPUs with group 0 and b with group 1: each group whole on one node.
+    assert entries(result) == {0: ("a", ("1",)), 1: ("a", ("2",)), 2: ("a", ("3",)),
+                               3: ("b", ("0",)), 4: ("b", ("1",)), 5: ("b", ("2",))}
+    lwt = obj["spec"]["leaderWorkerTemplate"]
+    assert lwt["leaderTemplate"]["metadata"]["annotations"][ANNOTATION] == result.map_text
+    assert lwt["workerTemplate"]["metadata"]["annotations"][ANNOTATION] == result.map_text
+    plan = plan_of(workloads(obj)[0])
+    assert plan.placeable and [(r.pod, r.node) for r in plan.rows][::3] == [("infer-0", "a"), ("infer-1", "b")]
+    assert [(g.name, {m.node for m in g.members}) for g in plan.gangs] == [
+        ("team/infer group 0", {"a"}), ("team/infer group 1", {"b"})]
+
+
+def test_a_group_goes_whole_to_a_node_that_holds_it_rather_than_split():
+    nodes = [snapshot(node("a"), pods=[holder("h", "a", "0,1")]), snapshot(node("b"))]
+    [result] = suggested(lws(leader=False), 1, PACK, nodes)
+    assert [c.node for c in result.choices] == ["b", "b", "b", "a", "a", "b"], (
+        "group 0 on b, which holds it whole; group 1: a's 2 free, then b's last")
+    assert "leaderTemplate" not in lws(leader=False)["spec"]["leaderWorkerTemplate"]
+
+
+def test_spread_puts_each_group_on_its_own_node():
+    nodes = [snapshot(node("a")), snapshot(node("b")), snapshot(node("c"))]
+    [result] = suggested(lws(), 1, SPREAD, nodes)
+    assert [c.node for c in result.choices] == ["a", "a", "a", "b", "b", "b"]
+
+
+def test_a_leaderworkerset_that_does_not_fit_names_it():
+    nodes = [snapshot(node("a", gpus=2))]
+    [result] = suggest(workloads(with_empty_maps(lws())), 1, PACK, nodes, FRAMEWORK, CONFIG)
+    assert isinstance(result, Shortfall) and result.unplaced == (2, 3, 4, 5)
+    assert result.message.startswith("LeaderWorkerSet team/infer: 6 replicas x 1 GPU = 6 GPUs do not fit: 2 GPUs are"
+                                     " free now: a 0,1")
+
+
+def test_a_jobset_or_leaderworkerset_template_for_another_scheduler_names_its_field():
+    obj = lws()
+    obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["schedulerName"] = "default-scheduler"
+    with pytest.raises(SuggestError, match="spec.leaderWorkerTemplate.leaderTemplate.spec.schedulerName is"
+                                           " default-scheduler"):
+        suggest(workloads(with_empty_maps(obj)), 1, PACK, [snapshot(node("a"))], FRAMEWORK, CONFIG)
