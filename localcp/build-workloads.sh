@@ -9,6 +9,8 @@
 # webhooks' objectSelector), which localcp/workloads.py applies and registers by URL.
 #   - JobSet      sigs.k8s.io/jobset v0.10.1 (main package: the module's root)
 #   - LeaderWorkerSet  sigs.k8s.io/lws v0.7.0 (sigs.k8s.io/lws/cmd)
+#   - Kueue       sigs.k8s.io/kueue v0.17.0 (sigs.k8s.io/kueue/cmd/kueue; its webhook directory has
+#                 no patches directory, its kustomization's patches are inline)
 #   bash localcp/build-workloads.sh           build (or find) them
 #   bash localcp/build-workloads.sh --path    print the directory they go to (built or not):
 #                                             <dir>/<name>-<version>/{bin/<name>-controller,crds,webhook}
@@ -58,3 +60,5 @@ controller jobset sigs.k8s.io/jobset v0.10.1 sigs.k8s.io/jobset \
   config/components/crd/bases config/components/webhook/manifests.yaml
 controller lws sigs.k8s.io/lws v0.7.0 sigs.k8s.io/lws/cmd \
   config/crd/bases config/webhook/manifests.yaml
+controller kueue sigs.k8s.io/kueue v0.17.0 sigs.k8s.io/kueue/cmd/kueue \
+  config/components/crd/bases config/components/webhook/manifests.yaml

@@ -52,8 +52,10 @@ class LocalStack:
         pod network, but no bind, mutate, webhook or event source: room for a release of the chart
         (tests/test_chart_runtime.py installs it with helm); pass webhook=False, event_source=False.
         workloads: the real workload controllers to run beside the control plane, e.g.
-        ("jobset", "lws") (localcp/workloads.py; self.workloads), started right after it, before
-        our own webhook, and stopped first."""
+        ("jobset", "lws") or ("jobset", "lws", "kueue") (localcp/workloads.py; self.workloads),
+        started right after it, before our own webhook, and stopped first. Kueue enables its
+        JobSet and LeaderWorkerSet integrations when their CRDs are served (theirs are applied
+        before any controller starts) and manages only the namespaces labelled KUEUE_NAMESPACE_LABEL (create_namespace's labels)."""
         self.mutate_drain_seconds = mutate_drain_seconds
         self._mutates = 0
         real_nodes = real_nodes or in_cluster
@@ -123,8 +125,9 @@ class LocalStack:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         return self.cp.kubectl("apply", "-f", "-", input=text).stdout
 
-    def create_namespace(self, name: str) -> str:
-        self.api.create_namespace({"metadata": {"name": name}})
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """labels: e.g. localcp.workloads.KUEUE_NAMESPACE_LABEL, for Kueue to manage it."""
+        self.api.create_namespace({"metadata": {"name": name, **({"labels": labels} if labels else {})}})
         self.cp.wait_namespace_ready(name)
         return name
 

@@ -1,19 +1,37 @@
-"""The real workload controllers, JobSet and LeaderWorkerSet, beside the local control plane, as
-controller-runtime's envtest runs a controller: its CRDs applied, the controller a process of this
-machine with the admin kubeconfig, and its webhooks registered against the API server by `url`
-(https://127.0.0.1:<port><path>) with the `caBundle` of a CA made here.
+"""The real workload controllers, JobSet, LeaderWorkerSet and Kueue, beside the local control
+plane, as controller-runtime's envtest runs a controller: its CRDs applied, the controller a process
+of this machine with the admin kubeconfig, and its webhooks registered against the API server by
+`url` (https://127.0.0.1:<port><path>) with the `caBundle` of a CA made here.
 
-    with WorkloadControllers(cp, kinds=("jobset", "lws")) as controllers: ...
+    with WorkloadControllers(cp, kinds=("jobset", "lws", "kueue")) as controllers: ...
 
 localcp/build-workloads.sh builds the binaries (sigs.k8s.io/jobset v0.10.1, sigs.k8s.io/lws
-v0.7.0) and copies their CRD bases and webhook directories into the cache, once. Each controller
-runs with its own Configuration file: internal certificate management off (it would write a
-Secret and patch the webhook configurations for a Service that does not exist here), its webhook
-server on 127.0.0.1 with our serving certificate, a health probe port, no metrics server and no
-leader election. The webhook configurations are the upstream manifests with the kustomization's
-patches applied (they give the pod webhooks their objectSelector: without it every pod of the
-cluster would go through them), renamed `<kind>-<name>` so that the two (both upstream named
-`mutating-webhook-configuration`) do not collide.
+v0.7.0, sigs.k8s.io/kueue v0.17.0) and copies their CRD bases and webhook directories into the
+cache, once. Each controller runs with its own Configuration file: internal certificate management
+off (it would write a Secret and patch the webhook configurations for a Service that does not exist
+here), its webhook server on 127.0.0.1 with our serving certificate, a health probe port, no
+metrics server and no leader election. The webhook configurations are the upstream manifests with
+the kustomization's patches applied (they give the pod webhooks their objectSelector: without it
+every pod of the cluster would go through them), renamed `<kind>-<name>` so that they (all
+upstream named `mutating-webhook-configuration`) do not collide.
+
+Kueue (its JobSet and LeaderWorkerSet integrations are enabled only when their CRDs are served:
+those of this stack are applied before any controller starts) needs three things more:
+- its metrics certificate: with internal certificate management off, cmd/kueue/main.go builds a
+  certificate watcher on the fixed /etc/kueue/metrics/certs/tls.{crt,key} (even with metrics off)
+  and exits when they cannot be read. The process runs in a mount namespace of its own whose /etc
+  is a read-only overlay of a directory of ours (kueue/metrics/certs: our serving certificate) on
+  the machine's /etc, which is not touched.
+- the VisibilityOnDemand feature gate off (featureGates in its Configuration): on, it starts the
+  visibility API server on port 8082, which wants certificates of its own.
+- the namespaces it manages: only those labelled KUEUE_NAMESPACE_LABEL. Its Configuration's
+  managedJobsNamespaceSelector says so (with the ManagedJobsNamespaceSelectorAlwaysRespected gate,
+  on by default in v0.17, its reconcilers ignore every other namespace, queue-name or not), and
+  its webhooks on other groups' kinds (pods, jobs, statefulsets, deployments, jobsets,
+  leaderworkersets, ...) get that label as their namespaceSelector, in place of the upstream patch
+  (every namespace but kube-system and kueue-system): the pods and jobs of any other namespace
+  never reach it. Within those namespaces, an object opts in with the kueue.x-k8s.io/queue-name
+  label (manageJobsWithoutQueueName false).
 """
 from __future__ import annotations
 
@@ -33,6 +51,9 @@ from .cluster import CACHE, ControlPlane, ProcessFailed, free_port
 
 WORKLOADS = CACHE / "workloads"  # localcp/build-workloads.sh --path
 BUILD_HINT = "bash localcp/build-workloads.sh"
+# The namespaces Kueue manages (see above): create them with this label.
+KUEUE_NAMESPACE_LABEL = {"gpu-scheduler.local/kueue": "managed"}
+KUEUE_GROUP = "kueue.x-k8s.io"
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,10 @@ class Controller:
     probe: dict               # a valid object; its mutating webhook sets `defaulted`
     defaulted: tuple[str, ...]
     invalid_name: str = "webhook.probe"  # a DNS-1123 subdomain that its validating webhook refuses
+    invalid: dict | None = None  # or: merged into the probe, what its validating webhook refuses
+    namespaced: bool = True   # the probe's kind
+    # namespaced kinds delete_workloads deletes: (group, version, plural); its own kind if empty
+    cleanup: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def dir(self) -> Path:
@@ -58,7 +83,13 @@ class Controller:
         return self.dir / "bin" / f"{self.kind}-controller"
 
     def collection(self, namespace: str) -> str:
+        if not self.namespaced:
+            return f"/apis/{self.group}/{self.api_version}/{self.plural}"
         return f"/apis/{self.group}/{self.api_version}/namespaces/{namespace}/{self.plural}"
+
+    @property
+    def cleanup_kinds(self) -> tuple[tuple[str, str, str], ...]:
+        return self.cleanup or ((self.group, self.api_version, self.plural),)
 
 
 _PAUSE = {"containers": [{"name": "c", "image": "pause"}],
@@ -77,7 +108,24 @@ CONTROLLERS = {
                "metadata": {"name": "webhook-probe"},
                "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": _PAUSE}}}},
         defaulted=("spec", "networkConfig", "subdomainPolicy")),
+    # Probed with a ResourceFlavor (cluster-scoped): its defaulting webhook adds the
+    # resource-in-use finalizer, its validating webhook refuses a node label key with a space
+    # (the CRD's schema does not check the keys).
+    "kueue": Controller(
+        "kueue", "v0.17.0", "config.kueue.x-k8s.io/v1beta2", KUEUE_GROUP, "v1beta2", "resourceflavors",
+        probe={"apiVersion": f"{KUEUE_GROUP}/v1beta2", "kind": "ResourceFlavor",
+               "metadata": {"name": "webhook-probe"}, "spec": {}},
+        defaulted=("metadata", "finalizers"),
+        invalid={"spec": {"nodeLabels": {"not a label key": "x"}}},
+        namespaced=False,
+        cleanup=((KUEUE_GROUP, "v1beta2", "workloads"), (KUEUE_GROUP, "v1beta2", "localqueues"))),
 }
+# Kueue's integrations (Configuration integrations.frameworks): always, and those whose CRDs
+# must be served (group, version) for Kueue to run their controllers.
+KUEUE_FRAMEWORKS = ("batch/job", "pod", "statefulset")
+KUEUE_CRD_FRAMEWORKS = {"jobset.x-k8s.io/jobset": ("jobset.x-k8s.io", "v1alpha2"),
+                        "leaderworkerset.x-k8s.io/leaderworkerset": ("leaderworkerset.x-k8s.io", "v1")}
+KUEUE_METRICS_CERTS = "/etc/kueue/metrics/certs"  # fixed in v0.17's cmd/kueue/main.go
 
 
 @dataclass
@@ -160,7 +208,7 @@ class WorkloadControllers:
 
     def configuration(self, controller: Controller, webhook_port: int, health_port: int, certs: Path) -> dict:
         """The controller's Configuration file (its API's `Configuration` kind, JSON is YAML)."""
-        return {
+        configuration = {
             "apiVersion": controller.config_api_version, "kind": "Configuration",
             "internalCertManagement": {"enable": False},
             "leaderElection": {"leaderElect": False},
@@ -168,15 +216,53 @@ class WorkloadControllers:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
             "metrics": {"bindAddress": "0"},  # controller-runtime's "no metrics server"
         }
+        if controller.kind == "kueue":
+            configuration.update({
+                "manageJobsWithoutQueueName": False,
+                "managedJobsNamespaceSelector": {"matchLabels": dict(KUEUE_NAMESPACE_LABEL)},
+                "integrations": {"frameworks": self.kueue_frameworks()},
+                "featureGates": {"VisibilityOnDemand": False},
+            })
+        return configuration
+
+    def kueue_frameworks(self) -> list[str]:
+        """Kueue's integrations: job, pod and statefulset, and JobSet's and LeaderWorkerSet's when
+        their CRDs are served (started before it). Without them Kueue would still run, polling for
+        the APIs to set those controllers up."""
+        frameworks = list(KUEUE_FRAMEWORKS)
+        for name, (group, version) in KUEUE_CRD_FRAMEWORKS.items():
+            try:
+                self.cp.get(f"/apis/{group}/{version}")
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+            else:
+                frameworks.append(name)
+        return frameworks
 
     def _spawn(self, controller: Controller, certs: Path) -> _Running:
         running = _Running(controller, f"{controller.kind}-controller", free_port(), free_port())
         path = self.dir / f"{controller.kind}-config.yaml"
         path.write_text(json.dumps(self.configuration(controller, running.webhook_port, running.health_port, certs),
                                    indent=2))
-        self.cp._spawn(running.process, [str(controller.binary), "--config", str(path),
-                                         "--kubeconfig", str(self.cp.kubeconfig)])
+        argv = [str(controller.binary), "--config", str(path), "--kubeconfig", str(self.cp.kubeconfig)]
+        if controller.kind == "kueue":
+            argv = self._with_kueue_metrics_certs(argv, certs)
+        self.cp._spawn(running.process, argv)
         return running
+
+    def _with_kueue_metrics_certs(self, argv: list[str], certs: Path) -> list[str]:
+        """argv in a mount namespace of its own whose /etc is a read-only overlay of
+        <dir>/kueue-etc (kueue/metrics/certs/tls.{crt,key}: our serving certificate, never served:
+        metrics are off) on the machine's /etc: Kueue v0.17 without internal certificate
+        management reads them there and exits without them. The machine's /etc is not touched."""
+        etc = self.dir / "kueue-etc"
+        metrics_certs = etc / KUEUE_METRICS_CERTS.removeprefix("/etc/")
+        metrics_certs.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            (metrics_certs / name).write_bytes((certs / name).read_bytes())
+        return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
+                'mount -t overlay overlay -o lowerdir="$0":/etc /etc && exec "$@"', str(etc), *argv]
 
     @staticmethod
     def _healthy(running: _Running) -> bool:
@@ -205,6 +291,10 @@ class WorkloadControllers:
                 path = webhook["clientConfig"]["service"]["path"]
                 webhook["clientConfig"] = {"url": f"https://127.0.0.1:{running.webhook_port}{path}",
                                            "caBundle": ca_bundle}
+                if running.controller.kind == "kueue" and not all(
+                        rule.get("apiGroups") == [KUEUE_GROUP] for rule in webhook.get("rules") or []):
+                    # pods, jobs, statefulsets, ...: only in the namespaces Kueue manages
+                    webhook["namespaceSelector"] = {"matchLabels": dict(KUEUE_NAMESPACE_LABEL)}
         return manifests
 
     def _register_webhooks(self, running: _Running) -> None:
@@ -219,7 +309,10 @@ class WorkloadControllers:
         controller = running.controller
         path = controller.collection("default") + "?dryRun=All"
         invalid = copy.deepcopy(controller.probe)
-        invalid["metadata"]["name"] = controller.invalid_name
+        if controller.invalid is not None:
+            _merge(invalid, controller.invalid)
+        else:
+            invalid["metadata"]["name"] = controller.invalid_name
         deadline, last = time.monotonic() + timeout, ""
         while time.monotonic() < deadline:
             value = None
@@ -231,7 +324,7 @@ class WorkloadControllers:
                     last = f"the probe came back without {'.'.join(controller.defaulted)}"
                 else:
                     self.cp.request("POST", path, invalid)
-                    last = f"{controller.invalid_name} was accepted"
+                    last = "the invalid probe was accepted"
             except urllib.error.HTTPError as error:
                 last = error.read().decode(errors="replace")
                 if value is not None and error.code in (400, 403, 422) and "denied the request" in last:
@@ -305,16 +398,17 @@ def _json_patch(document: dict, operation: dict) -> None:
 
 # -- cleanup ---------------------------------------------------------------------------------
 def delete_workloads(cp_or_api, namespace: str, propagation: str = "Orphan") -> None:
-    """Delete every JobSet and LeaderWorkerSet in `namespace` (a ControlPlane, a LocalStack or a
-    kubernetes ApiClient). Without their CRDs (a stack without the controllers) there is nothing
-    to delete: 404 is fine. Orphan by default, as tests/conftest.py's release_namespace deletes
-    Jobs and StatefulSets, then the pods at once."""
+    """Delete every JobSet, LeaderWorkerSet, Kueue Workload and LocalQueue in `namespace` (a
+    ControlPlane, a LocalStack or a kubernetes ApiClient). Without their CRDs (a stack without the
+    controllers) there is nothing to delete: 404 is fine. Orphan by default, as
+    tests/conftest.py's release_namespace deletes Jobs and StatefulSets, then the pods at once.
+    Kueue's cluster-scoped ClusterQueues and ResourceFlavors are the tests' to delete."""
     body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
     cp = getattr(cp_or_api, "cp", cp_or_api)
-    for controller in CONTROLLERS.values():
+    for group, version, plural in (kind for c in CONTROLLERS.values() for kind in c.cleanup_kinds):
         if isinstance(cp, ControlPlane):
             try:
-                cp.request("DELETE", controller.collection(namespace), body)
+                cp.request("DELETE", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}", body)
             except urllib.error.HTTPError as error:
                 if error.code != 404:
                     raise
@@ -323,7 +417,7 @@ def delete_workloads(cp_or_api, namespace: str, propagation: str = "Orphan") -> 
             from kubernetes.client.exceptions import ApiException
             try:
                 client.CustomObjectsApi(cp_or_api).delete_collection_namespaced_custom_object(
-                    controller.group, controller.api_version, namespace, controller.plural, body=body)
+                    group, version, namespace, plural, body=body)
             except ApiException as error:
                 if error.status != 404:
                     raise
