@@ -213,7 +213,10 @@ class BoundWatch:
             pass
 
     def stop(self) -> None:
-        self._response.shutdown()  # unblocks the reading thread (close() would wait for it)
+        try:
+            self._response.shutdown()  # unblocks the reading thread (close() would wait for it)
+        except RuntimeError:  # the watch had ended already: its connection is back in the pool
+            pass
         self._thread.join(timeout=5)
 
 
