@@ -24,7 +24,8 @@ from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warni
 from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
-from .quota import QuotaDodge, check_not_written, patch_for_requests, quota_requests
+from .quota import QuotaDodge, check_not_written, quota_requests
+from .templatecount import TOPOLOGY_ANNOTATIONS, WORKLOAD_RESOURCES, declared, pod_templates, resources_patch, workload_patch
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 from .workloads import WorkloadUnreadable, jobset_annotations, jobset_pod
 
@@ -46,6 +47,8 @@ class Review:
     pod: Mapping[str, Any] | None
     dry_run: bool
     pod_name: str = field(default="", compare=False)  # namespace/name (or generateName*), for logs
+    # A workload object created or updated (templatecount.WORKLOAD_RESOURCES): its templates' counts.
+    workload: Mapping[str, Any] | None = None
 
 
 def _text(value: Any) -> str:
@@ -97,8 +100,12 @@ def parse_review(body: Any) -> Review:
         pod = checked_field(request, "object", "request.", dict)
         if not isinstance(pod.get("spec"), dict):
             raise ReviewError("request.object.spec: expected an object, the pod being created has none")
+    workload = None
+    if operation in ("CREATE", "UPDATE") and resource_name in WORKLOAD_RESOURCES and not request.get("subResource"):
+        workload = checked_field(request, "object", "request.", dict)
     dry_run = request.get("dryRun")
-    return Review(api_version, uid, operation, resource_name, pod, dry_run is True, _pod_name(request, pod))
+    return Review(api_version, uid, operation, resource_name, pod, dry_run is True, _pod_name(request, pod or workload),
+                  workload)
 
 
 def _env_with(env: list[Any], values: Mapping[str, str]) -> list[Any]:
@@ -183,7 +190,8 @@ def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = 
                     # two operations each adding the whole `resources` would replace each other.
                     ops.append({"op": "add", "path": "/spec/containers/0/resources", "value": {}})
                     container = {**container, "resources": {}}
-                ops += patch_for_requests({"spec": {"containers": [container]}}, requests)
+                # Exactly the entry's: what the template declared for its largest entry is replaced.
+                ops += resources_patch("/spec/containers/0/resources", container["resources"], requests)
             env = container.get("env")
             env = env if isinstance(env, list) else []
             wanted = _env_with(env, values)
@@ -249,11 +257,16 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
     (quota.py), of the GPU type `product_of(node)` names (None: unknown, the total only).
     `jobset_of(namespace, name, uid)`: the JobSet of a JobSet's pod (or WorkloadUnreadable), whose
     completions and gang size the pod gets (workloads.py)."""
+    if review.workload is not None:
+        return decide_workload(review.workload, quota, product_of)
     if review.pod is None:
         return Decision(True, reason="NotAPodCreate")
     pod = review.pod
     if map_text(pod) is None:
         return Decision(True, reason="NoAnnotation")
+    topology = _topology_refusal(pod)
+    if topology is not None:
+        return topology
     warnings = []
     if spec(pod).get("schedulerName") != SCHEDULER_NAME:
         warnings.append(
@@ -298,7 +311,7 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
         placement = resolved.placement
         wanted = quota_requests(len(placement.devices), product_of(placement.node) if product_of else None)
         try:
-            check_not_written(pod, wanted)
+            check_not_written(pod, wanted, declared(pod))
         except QuotaDodge as error:
             return Decision(False, message=str(error), reason="QuotaDodge")
     try:
@@ -306,6 +319,33 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
     except ClaimError as error:
         return Decision(False, message=str(error), reason="InvalidDRAClaim")
     return Decision(True, (*annotation_patch(review.pod, written), *patch), tuple(warnings), reason="Placed")
+
+
+def _topology_refusal(template: Mapping[str, Any]) -> Decision | None:
+    """The refusal of a map beside Kueue's Topology-Aware Scheduling, which chooses the nodes itself."""
+    annotations = metadata(template).get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    both = [key for key in TOPOLOGY_ANNOTATIONS if key in annotations]
+    if not both or ANNOTATION not in annotations:
+        return None
+    return Decision(False, message=(
+        f"{both[0]} asks Kueue's Topology-Aware Scheduling to choose the pod's node, and {ANNOTATION} pins it:"
+        f" the two do not combine. Remove {both[0]} (the map already places each pod) or the map"),
+        reason="TopologyAwareScheduling")
+
+
+def decide_workload(obj: Mapping[str, Any], quota: bool,
+                    product_of: Callable[[str], str | None] | None) -> Decision:
+    """A workload object created or updated: each pod template with a map declares what its largest
+    entry pins (templatecount.py), so that a queue counting templates (Kueue) counts pinned GPUs."""
+    for _, template in pod_templates(obj):
+        refusal = _topology_refusal(template)
+        if refusal is not None:
+            return refusal
+    if not quota:
+        return Decision(True, reason="QuotaOff")
+    patch = workload_patch(obj, product_of)
+    return Decision(True, tuple(patch), reason="TemplateCounted" if patch else "NoTemplateChange")
 
 
 def response_for(review: Review, decision: Decision) -> dict[str, Any]:

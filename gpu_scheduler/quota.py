@@ -79,12 +79,16 @@ def _written(pod: Mapping[str, Any]) -> list[tuple[str, int, str, str, Any]]:
     return found
 
 
-def check_not_written(pod: Mapping[str, Any], wanted: Mapping[str, str]) -> None:
+def check_not_written(pod: Mapping[str, Any], wanted: Mapping[str, str],
+                      declared: Mapping[str, str] | None = None) -> None:
     """QuotaDodge unless every quota resource the pod names is one mutate sets, in the first
-    container, with mutate's value (the pod mutate already patched: reinvocation)."""
+    container, with mutate's value: the pod's own (the pod mutate already patched: reinvocation),
+    or `declared`, what mutate wrote on the template the pod was made from (templatecount.py)."""
+    declared = declared or {}
     for field, i, kind, name, value in _written(pod):
         where = f"spec.{field}[{i}].resources.{kind}" if i >= 0 else f"spec.resources.{kind}"
-        if field == "containers" and i == 0 and name in wanted and str(value) == wanted[name]:
+        if field == "containers" and i == 0 and (
+                (name in wanted and str(value) == wanted[name]) or (name in declared and str(value) == declared[name])):
             continue
         raise QuotaDodge(
             f"{where} names {name}: {value!r}; gpu-scheduler sets this resource itself, from the pod's map entry"

@@ -205,7 +205,7 @@ def test_custom_values_reach_the_objects(helm):
         sink = find(docs, kind, name)["spec"]["sink"]
         assert sink["CACerts"].strip() == values["sink"]["caCerts"].strip()
         assert sink["ref"] == {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "bind", "namespace": namespace}
-    [webhook] = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
+    webhook = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert (webhook["failurePolicy"], webhook["timeoutSeconds"]) == ("Ignore", 3)
     [expression] = webhook["namespaceSelector"]["matchExpressions"]
     assert expression["values"] == [*values["webhook"]["excludedNamespaces"], namespace]
@@ -296,7 +296,7 @@ def test_defaults(helm):
     bind_env = env(containers(docs, "bind")["bind"])
     assert (bind_env["GPU_SCHEDULER_DRA"], bind_env["GPU_SCHEDULER_DRA_DEVICE_CLASS"]) == ("true", "gpu.nvidia.com")
     assert "GPU_SCHEDULER_DRA_DEVICE_RULES" not in bind_env, "bind's defaults"
-    [webhook] = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
+    webhook = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["failurePolicy"] == "Fail"
 
 
@@ -304,7 +304,7 @@ def test_defaults(helm):
 def test_knative_route_path(helm):
     docs = render(helm, "default")
     configuration = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")
-    [webhook] = configuration["webhooks"]
+    webhook = configuration["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["clientConfig"] == {"service": {"namespace": manifests.NAMESPACE, "name": "mutate", "port": 443, "path": "/"}}
     assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "cert-manager/knative-selfsigned-ca",
                                                         "argocd.argoproj.io/sync-wave": "1"}
@@ -327,7 +327,7 @@ def test_direct_service_path(helm, values):
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": port}]
     assert port not in KNATIVE_PORTS
     configuration = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")
-    [webhook] = configuration["webhooks"]
+    webhook = configuration["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["clientConfig"]["service"] == {"namespace": namespace, "name": name, "port": 443, "path": "/"}
     assert configuration["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{namespace}/{name}",
                                                         "argocd.argoproj.io/sync-wave": "1"}

@@ -106,7 +106,7 @@ def seed_state(stack: LocalStack) -> dict[str, tuple[str, str, str]]:
 
 
 def ca_bundle(stack: LocalStack) -> str:
-    [webhook] = get(stack, f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}")["webhooks"]
+    webhook = get(stack, f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     return webhook["clientConfig"]["caBundle"]
 
 
@@ -119,7 +119,7 @@ def test_install_place_upgrade_uninstall(cluster):
         stack.wait_for(lambda: len(stack.ready_endpoints(name)) == 2, 120, f"two ready {name} endpoints", interval=1)
         for pod in function_pods(stack, name):
             assert pod["spec"]["securityContext"]["runAsUser"] == 65532
-    [webhook] = get(stack, f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}")["webhooks"]
+    webhook = get(stack, f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["clientConfig"]["service"] == {"namespace": NAMESPACE, "name": "mutate", "port": 443, "path": "/"}
 
     stack.create_namespace("seed")

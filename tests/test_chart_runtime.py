@@ -179,7 +179,7 @@ def test_mutate_serves_tls_with_the_chart_certificate(helm, tmp_path):
     docs = deployments(helm, namespace="gpu-tls")
     secret = find(docs, "Secret", "mutate-tls")
     assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
-    [webhook] = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
+    webhook = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["clientConfig"] == {"caBundle": secret["data"]["ca.crt"],
                                        "service": {"namespace": "gpu-tls", "name": "mutate", "port": 443, "path": "/"}}
     assert "cert-manager.io/inject-ca-from" not in annotations(find(docs, "MutatingWebhookConfiguration", "gpu-scheduler"))

@@ -290,7 +290,7 @@ def test_pingsource_runs_every_minute():
 
 def test_webhook_calls_the_mutate_service():
     webhook_config = find("MutatingWebhookConfiguration", "gpu-scheduler")
-    [webhook] = webhook_config["webhooks"]
+    webhook = webhook_config["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     mutate = ksvc("mutate")
     assert webhook["clientConfig"]["service"] == {"namespace": mutate["metadata"]["namespace"],
                                                   "name": mutate["metadata"]["name"], "port": 443, "path": "/"}
@@ -298,8 +298,23 @@ def test_webhook_calls_the_mutate_service():
     assert "caBundle" not in webhook["clientConfig"], "cert-manager injects it"
 
 
+def test_the_workload_objects_templates_are_admitted_with_the_pods_settings():
+    """With quotas on, mutate also admits StatefulSets, Jobs, JobSets and LeaderWorkerSets whose
+    templates carry a map (gpu_scheduler/templatecount.py), with the pods' webhook's settings."""
+    pods, *templates = find("MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
+    assert [(w["rules"][0]["apiGroups"], w["rules"][0]["resources"], w["rules"][0]["operations"]) for w in templates] == [
+        ([group], [resource], ["CREATE", "UPDATE"]) for group, resource in (
+            ("apps", "statefulsets"), ("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"))]
+    for webhook in templates:
+        assert {k: v for k, v in webhook.items() if k not in ("name", "rules", "matchConditions")} == {
+            k: v for k, v in pods.items() if k not in ("name", "rules", "matchConditions")}
+        [condition] = webhook["matchConditions"]
+        assert f"'{gpu_scheduler.ANNOTATION}' in " in condition["expression"]
+
+
 def test_webhook_rules_and_safety():
-    [webhook] = find("MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"]
+    webhook = find("MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                                  "resources": ["pods"], "scope": "Namespaced"}]
     assert (webhook["failurePolicy"], webhook["sideEffects"], webhook["reinvocationPolicy"]) == ("Fail", "None", "IfNeeded")
