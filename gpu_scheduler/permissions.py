@@ -20,6 +20,8 @@ BIND = frozenset({
     ("", "nodes", "list"),          # the node watch's listing
     ("", "nodes", "watch"),         # labels, taints, conditions and allocatable, kept current
     ("", "nodes/status", "patch"),  # quotas: each node advertises the resources pinned pods request (quota.py)
+    ("", "resourcequotas", "list"),   # quotas: the ResourceQuotas' watch's listing
+    ("", "resourcequotas", "watch"),  # GPUQuota refuses a pod counted for too few GPUs only where a quota counts them
     # Sink authentication, where Knative's authentication-oidc is on: is this the source's token?
     ("authentication.k8s.io", "tokenreviews", "create"),
     # DRA mode (gpu_scheduler/plugins/dynamicresources/allocator.py): the devices each node publishes, and every claim's
@@ -35,7 +37,11 @@ BIND = frozenset({
 })
 # What bind uses only with quotas on (GPU_SCHEDULER_QUOTA; the chart's quota.enabled): the chart grants
 # it only then, and mutate (MUTATE_QUOTA) likewise.
-BIND_QUOTA = frozenset({("", "nodes/status", "patch")})
+BIND_QUOTA = frozenset({
+    ("", "nodes/status", "patch"),
+    ("", "resourcequotas", "list"),
+    ("", "resourcequotas", "watch"),
+})
 # bind's device records: one Lease per node and device, in bind's own namespace only (a Role).
 BIND_RECORDS = frozenset({
     ("coordination.k8s.io", "leases", "get"),     # the record another instance wrote first

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .framework.events import (  # noqa: F401 (bind's cache names the events it reports from here)
-    ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, POD_UPDATE, RECORD_FREED, RECORD_UPDATE,
-    SLICE_ADD, SLICE_DELETE, SLICE_UPDATE,
+    ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, POD_UPDATE, QUOTA_ADD, QUOTA_DELETE,
+    QUOTA_UPDATE, RECORD_FREED, RECORD_UPDATE, SLICE_ADD, SLICE_DELETE, SLICE_UPDATE,
 )
 from .framework.events import DESCRIBED
 from .plugins.registry import EVENTS_TO_REGISTER  # each plugin's name -> the events that can undo its refusal

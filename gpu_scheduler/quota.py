@@ -196,3 +196,93 @@ def with_quota_requests_of(pod: Mapping[str, Any], live: Mapping[str, Any]) -> d
         resources[kind] = own
     containers[0] = {**containers[0], "resources": resources}
     return {**pod, "spec": {**_map(pod.get("spec")), "containers": containers}}
+
+
+# -- which ResourceQuotas count a pod's GPUs (bind's GPUQuota) ---------------------------------------
+def bounded_by(quota: Mapping[str, Any], resource: str) -> bool:
+    """`quota` counts `resource` (one of mutate's: quota_requests' names) in its spec.hard, as
+    `requests.<resource>` or as `<resource>` (the API server reads both for a pod's requests)."""
+    hard = _map(_map(quota.get("spec")).get("hard"))
+    return f"requests.{resource}" in hard or resource in hard
+
+
+def _best_effort(pod: Mapping[str, Any]) -> bool:
+    """The pod's QoS class is BestEffort: no container asks cpu or memory (the API server's rule,
+    which extended resources such as mutate's do not change)."""
+    spec = _map(pod.get("spec"))
+    for field in ("initContainers", "containers"):
+        for container in _list(spec.get(field)):
+            resources = _map(container.get("resources"))
+            for kind in ("requests", "limits"):
+                if any(name in ("cpu", "memory") for name in _map(resources.get(kind))):
+                    return False
+    return True
+
+
+def _cross_namespace_affinity(pod: Mapping[str, Any]) -> bool:
+    affinity = _map(_map(pod.get("spec")).get("affinity"))
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = _map(affinity.get(kind))
+        terms = _list(rules.get("requiredDuringSchedulingIgnoredDuringExecution"))
+        terms += [_map(t.get("podAffinityTerm")) for t in _list(rules.get("preferredDuringSchedulingIgnoredDuringExecution"))]
+        if any(t.get("namespaces") or t.get("namespaceSelector") is not None for t in terms):
+            return True
+    return False
+
+
+def _in_scope(scope: str, operator: str, values: list, pod: Mapping[str, Any]) -> bool:
+    """One scope of a quota, as the API server's quota evaluator matches a pod to it. A scope this
+    does not know matches: the quota is taken to count the pod (never a pod walking around it)."""
+    spec = _map(pod.get("spec"))
+    if scope == "Terminating":
+        return spec.get("activeDeadlineSeconds") is not None
+    if scope == "NotTerminating":
+        return spec.get("activeDeadlineSeconds") is None
+    if scope == "BestEffort":
+        return _best_effort(pod)
+    if scope == "NotBestEffort":
+        return not _best_effort(pod)
+    if scope == "CrossNamespacePodAffinity":
+        return _cross_namespace_affinity(pod)
+    if scope == "PriorityClass":
+        name = spec.get("priorityClassName")
+        if operator == "Exists":
+            return bool(name)
+        if operator == "DoesNotExist":
+            return not name
+        if operator == "In":
+            return bool(name) and name in values
+        if operator == "NotIn":
+            return not name or name not in values
+    return True
+
+
+def applies_to(quota: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """`quota` counts `pod` at all: every one of its scopes (spec.scopes, spec.scopeSelector)
+    matches it; a quota without scopes counts every pod of its namespace."""
+    spec = _map(quota.get("spec"))
+    scopes = [(str(s), "Exists", []) for s in _list_of_str(spec.get("scopes"))]
+    for expression in _list(_map(spec.get("scopeSelector")).get("matchExpressions")):
+        values = expression.get("values")
+        scopes.append((str(expression.get("scopeName")), str(expression.get("operator") or "Exists"),
+                       values if isinstance(values, list) else []))
+    return all(_in_scope(scope, operator, values, pod) for scope, operator, values in scopes)
+
+
+def _list_of_str(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def quotas_counting(quotas: list[Mapping[str, Any]], pod: Mapping[str, Any], resource: str) -> list[str]:
+    """The names, sorted, of the ResourceQuotas among `quotas` (the pod's namespace's) that count
+    `resource` for `pod`."""
+    return sorted(str(_map(q.get("metadata")).get("name") or "") for q in quotas
+                  if bounded_by(q, resource) and applies_to(q, pod))
+
+
+def quota_view(quota: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceQuota as GPUQuota reads it: its name and namespace, and its spec (what it counts,
+    spec.hard, and for which pods, its scopes); not its use, which changes with every pod."""
+    meta = _map(quota.get("metadata"))
+    return {"metadata": {"name": str(meta.get("name") or ""), "namespace": str(meta.get("namespace") or "")},
+            "spec": _map(quota.get("spec"))}

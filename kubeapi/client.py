@@ -88,6 +88,8 @@ CALLS = {
     "watch_pdbs": ("policy", "poddisruptionbudgets", "watch"),
     "patch_node_status": ("", "nodes/status", "patch"),
     "list_resource_quotas": ("", "resourcequotas", "list"),
+    "list_resource_quotas_all": ("", "resourcequotas", "list"),
+    "watch_resource_quotas": ("", "resourcequotas", "watch"),
     "delete_cluster_role_binding": ("rbac.authorization.k8s.io", "clusterrolebindings", "delete"),
     "delete_role_binding": ("rbac.authorization.k8s.io", "rolebindings", "delete"),
 }
@@ -321,6 +323,13 @@ class Kube:
 
     def list_resource_quotas(self, namespace: str) -> list[dict]:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/resourcequotas")["items"]
+
+    def list_resource_quotas_all(self) -> Iterator[tuple[list[dict], str]]:
+        """Every namespace's ResourceQuotas (bind's watch of them: GPUQuota)."""
+        return self.list_pages("/api/v1/resourcequotas")
+
+    def watch_resource_quotas(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict, int]]:
+        return self.watch("/api/v1/resourcequotas", resource_version, seconds)
 
     def patch_node_status(self, name: str, patch: dict) -> dict:
         return self._call("PATCH", f"/api/v1/nodes/{quote(name)}/status", patch, MERGE_PATCH)

@@ -75,6 +75,8 @@ class PodSpec(TypedDict, total=False):
     resourceClaims: Any
     terminationGracePeriodSeconds: Any
     restartPolicy: Any
+    priorityClassName: Any  # GPUQuota: a ResourceQuota's PriorityClass scope
+    activeDeadlineSeconds: Any  # GPUQuota: its Terminating and NotTerminating scopes
 
 
 class Condition(TypedDict, total=False):

@@ -8,7 +8,7 @@ from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.fit import NodeInfo
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources.plugin import claim_key
-from gpu_scheduler.quota import gpu_quotas
+from gpu_scheduler.quota import gpu_quotas, quota_view
 from gpu_scheduler.records import RECORD_SELECTOR, Record
 
 from kubeapi.errors import APIError
@@ -36,7 +36,7 @@ class Cluster:
         self._claims: list[dict] | None = None
         self._records: dict[str, list[Record]] = {}
         self._dra: DraSupport | None = None
-        self._quotas: dict[str, list[dict[str, str]]] = {}
+        self._quotas: dict[str, list[dict] | None] = {}
 
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
@@ -70,9 +70,35 @@ class Cluster:
 
     def gpu_quotas(self, namespace: str) -> list[dict[str, str]]:
         """The namespace's ResourceQuotas on GPUs and their use (quota.gpu_quotas), read once."""
+        quotas = self.resource_quotas(namespace)
+        if quotas is None:
+            quotas = self.api.list_resource_quotas(namespace)  # its error, as before
+        return gpu_quotas(quotas)
+
+    def resource_quotas(self, namespace: str) -> list[dict] | None:
+        """The namespace's ResourceQuotas, read once; None where the user may not list them (GPUQuota
+        then takes any to count the pod's GPUs: the refusal bind makes where one does)."""
         if namespace not in self._quotas:
-            self._quotas[namespace] = gpu_quotas(self.api.list_resource_quotas(namespace))
+            try:
+                self._quotas[namespace] = self.api.list_resource_quotas(namespace)
+            except APIError as error:
+                if error.status not in (403, 404):
+                    raise
+                self._quotas[namespace] = None
         return self._quotas[namespace]
+
+    def quota_views(self, pods: Sequence[Mapping[str, Any]]) -> dict[str, tuple[dict, ...]] | None:
+        """The ResourceQuotas of the pods' namespaces, as bind's snapshots carry them (GPUQuota)."""
+        views = {}
+        for pod in pods:
+            if not (pod.get("metadata") or {}).get("uid"):
+                continue  # not created yet: GPUQuota does not check it (mutate will count it)
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+            quotas = self.resource_quotas(namespace)
+            if quotas is None:
+                return None
+            views[namespace] = tuple(quota_view(q) for q in quotas)
+        return views
 
     def events(self, pod: dict[str, Any]) -> list[dict]:
         meta = pod.get("metadata") or {}
@@ -138,7 +164,7 @@ class Cluster:
         if not snapshots:
             return self.snapshot(node, pods[0] if pods else {}, records_namespace)
         claims = {key: claim for snapshot in snapshots for key, claim in snapshot.claims.items()}
-        return NodeSnapshot(**{**snapshots[0].__dict__, "claims": claims})
+        return NodeSnapshot(**{**snapshots[0].__dict__, "claims": claims, "quotas": self.quota_views(pods)})
 
     def snapshot(self, node: str, pod: Mapping[str, Any], records_namespace: str) -> NodeSnapshot:
         """The pod's node as bind's framework decides on it: the node, its pods, bind's records of
@@ -147,7 +173,7 @@ class Cluster:
         records = {r.device: r for r in self.records(records_namespace) if r.node == node}
         gone = frozenset(r.last_uid for r in records.values() if r.last_uid and self._gone(r))
         base = NodeSnapshot(name=node, node=obj, info=NodeInfo.of(self.pods_on(node) if obj else ()),
-                            records=records, gone=gone, now=time.time())
+                            records=records, gone=gone, now=time.time(), quotas=self.quota_views([pod] if pod else []))
         if not dra.uses_dra(pod) or self.dra_support() is DraSupport.NOT_SERVED:
             return NodeSnapshot(**{**base.__dict__, "dra": self.dra_support() if dra.uses_dra(pod) else DraSupport.SERVED})
         namespace, name = claim_key(pod)

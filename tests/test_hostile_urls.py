@@ -56,6 +56,8 @@ RESOURCE = {
     "update_resource_claim_status": lambda ns, name: ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims",
                                                       name, "status"],
     "evict": lambda ns, name: ["api", "v1", "namespaces", ns, "pods", name, "eviction"],
+    "list_resource_quotas_all": lambda ns, name: ["api", "v1", "resourcequotas"],
+    "watch_resource_quotas": lambda ns, name: ["api", "v1", "resourcequotas"],
     "list_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
     "watch_pdbs": lambda ns, name: ["apis", "policy", "v1", "poddisruptionbudgets"],
     "delete_cluster_role_binding": lambda ns, name: ["apis", "rbac.authorization.k8s.io", "v1", "clusterrolebindings", name],

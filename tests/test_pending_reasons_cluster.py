@@ -391,7 +391,10 @@ def dra_claim_allocated_elsewhere(s: Situation) -> Pending:
 
 
 def counted_for_less(s: Situation) -> Pending:
-    """A pending pod (its node missing) counted for 1 GPU, its map then edited to pin 4."""
+    """A pending pod (its node missing) counted for 1 GPU, its map then edited to pin 4, where a
+    ResourceQuota of its namespace counts pinned GPUs (without one, the pod is placed)."""
+    from test_quota_cluster import quota
+    quota(s.stack, s.namespace, {"requests.gpu-scheduler.io/gpu": "100"})
     node = s.node()
     pod = s.apply(pod_manifest(s.namespace, "w-0", f"0=gone-{s.uniq}:0\n"))
     binds_event(s, Pending(s.namespace, "w-0", pod, f"node gone-{s.uniq} does not exist"))
@@ -399,9 +402,10 @@ def counted_for_less(s: Situation) -> Pending:
     s.stack.api.patch_namespaced_pod("w-0", s.namespace, {"metadata": {"annotations": pod["metadata"]["annotations"]}})
     return Pending(s.namespace, "w-0", pod,
                    f"its map entry pins 4 GPU(s) on node {node}, counted for the namespace's ResourceQuota as"
-                   " gpu-scheduler.io/gpu: 4 (it requests 1); the pod was created with less (its map annotation"
-                   " changed since, it was created without gpu-scheduler's webhook, or the node's GPU type was not"
-                   " known then): delete the pod, and its controller creates it again, counted")
+                   " gpu-scheduler.io/gpu: 4 (it requests 1), which ResourceQuota gpus bounds; the pod was created"
+                   " with less (its map annotation changed since, it was created without gpu-scheduler's webhook, or"
+                   " the node's GPU type was not known then): re-create it (delete it and create it again:"
+                   " gpu-scheduler's webhook counts it when it is created)")
 
 
 # -- "Priority and preemption": a pod refused on its node, and nobody preempted (or preempted already)

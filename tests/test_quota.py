@@ -147,13 +147,120 @@ def test_gpuquota_refuses_a_created_pod_counted_for_less_than_its_entry():
     from gpu_scheduler.plugins.gpuquota import uncounted
     pod = make_pod("web-0", containers=[container(resources=counted_gpus(1))])
     assert "pins 2 GPU(s) on node node1" in uncounted(pod, 2, node())
-    assert "delete the pod" in uncounted(pod, 2, node())
+    assert "re-create it" in uncounted(pod, 2, node())  # quotas not known: any may count it
     assert uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2))]), 2, node()) is None
     # The node's GPU type known now, not when the pod was created.
     message = uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2))]), 2, node(product="Tesla T4"))
     assert "product.gpu-scheduler.io/Tesla-T4: 2 (it requests 0)" in message
     assert uncounted(make_pod("web-0", containers=[container(resources=counted_gpus(2, "Tesla-T4"))]), 2,
                      node(product="Tesla T4")) is None
+
+
+# --------------------------------------------------------------------------- GPUQuota: only where a quota counts
+def resource_quota(name, hard, **spec):
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": {"hard": hard, **spec},
+            "status": {"used": {k: "0" for k in hard}}}
+
+
+TOTAL = "requests.gpu-scheduler.io/gpu"
+T4 = "product.gpu-scheduler.io/Tesla-T4"
+
+
+def test_gpuquota_refuses_nothing_where_no_quota_of_the_namespace_counts_the_gpus():
+    from gpu_scheduler.plugins.gpuquota import uncounted
+    short = make_pod("web-0", containers=[container(resources=counted_gpus(1))])
+    assert uncounted(short, 2, node(product="Tesla T4"), []) is None  # no quota at all
+    assert uncounted(short, 2, node(product="Tesla T4"), [resource_quota("cpu", {"requests.cpu": "4"})]) is None
+    # a quota on another GPU type, or on nvidia.com/gpu, counts none of what the pod is short of
+    other = resource_quota("a100", {"requests.product.gpu-scheduler.io/NVIDIA-A100-SXM4-80GB": "1",
+                                    "requests.nvidia.com/gpu": "1"})
+    assert uncounted(short, 2, node(product="Tesla T4"), [other]) is None
+
+
+def test_gpuquota_refuses_only_for_the_resources_a_quota_counts():
+    from gpu_scheduler.plugins.gpuquota import uncounted
+    # counted for 2 in total, 0 of its type (the node's type not known at its creation)
+    pod = make_pod("web-0", containers=[container(resources=counted_gpus(2))])
+    total_only = resource_quota("gpus", {TOTAL: "8"})
+    assert uncounted(pod, 2, node(product="Tesla T4"), [total_only]) is None  # the total it requests is right
+    message = uncounted(pod, 2, node(product="Tesla T4"), [total_only, resource_quota("t4", {f"requests.{T4}": "2"})])
+    assert f"as {T4}: 2 (it requests 0), which ResourceQuota t4 bounds;" in message
+    assert "gpu-scheduler.io/gpu:" not in message.split("as ", 1)[1].split(", which")[0]
+    # pinning more: the total is short; either spelling of the resource in spec.hard counts it
+    for hard in ({TOTAL: "8"}, {"gpu-scheduler.io/gpu": "8"}):
+        message = uncounted(pod, 3, node(), [resource_quota("gpus", hard)])
+        assert "as gpu-scheduler.io/gpu: 3 (it requests 2), which ResourceQuota gpus bounds;" in message
+    both = uncounted(pod, 3, node(product="Tesla T4"), [resource_quota("gpus", {TOTAL: "8"}),
+                                                      resource_quota("t4", {f"requests.{T4}": "8", TOTAL: "8"})])
+    assert f"gpu-scheduler.io/gpu: 3 (it requests 2), {T4}: 3 (it requests 0), which ResourceQuotas gpus, t4 bound" in both
+
+
+def test_gpuquota_names_the_fix_that_works_for_the_pod():
+    from gpu_scheduler.plugins.gpuquota import uncounted
+    quotas = [resource_quota("gpus", {TOTAL: "8"})]
+    bare = make_pod("web-0", containers=[container(resources=counted_gpus(1))])
+    message = uncounted(bare, 2, node(), quotas)
+    assert message.endswith(": re-create it (delete it and create it again: gpu-scheduler's webhook counts it when it"
+                            " is created)") and "controller" not in message
+    owned = {**bare, "metadata": {**bare["metadata"], "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s", "controller": True}]}}
+    assert uncounted(owned, 2, node(), quotas).endswith(": delete it, and its controller creates it again, counted")
+    # an owner that is not its controller creates nothing again
+    owner_only = {**bare, "metadata": {**bare["metadata"], "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "c"}]}}
+    assert "re-create it" in uncounted(owner_only, 2, node(), quotas)
+
+
+def test_gpuquota_counts_a_quota_only_for_the_pods_its_scopes_select():
+    from gpu_scheduler.plugins.gpuquota import uncounted
+    pod = make_pod("web-0", containers=[container(resources=counted_gpus(1))])
+    pod["spec"]["priorityClassName"] = "low"
+    high = resource_quota("high", {TOTAL: "8"}, scopeSelector={"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})
+    assert uncounted(pod, 2, node(), [high]) is None
+    low = resource_quota("low", {TOTAL: "8"}, scopeSelector={"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["low"]}]})
+    assert "ResourceQuota low bounds" in uncounted(pod, 2, node(), [high, low])
+    assert uncounted(pod, 2, node(), [resource_quota("t", {TOTAL: "8"}, scopes=["Terminating"])]) is None
+    assert uncounted(pod, 2, node(), [resource_quota("n", {TOTAL: "8"}, scopes=["NotTerminating"])]) is not None
+    # a scope not known here: the quota is taken to count the pod
+    assert uncounted(pod, 2, node(), [resource_quota("x", {TOTAL: "8"}, scopes=["SomethingNew"])]) is not None
+
+
+def _gpuquota_answer(pod, quotas):
+    from gpu_scheduler import plan as core
+    from gpu_scheduler.framework.snapshot import NodeSnapshot
+    from gpu_scheduler.plugins.config import SchedulerConfig
+    from gpu_scheduler.plugins.registry import new_framework
+    ready = {"type": "Ready", "status": "True"}
+    node_object = {"metadata": {"name": "node1", "labels": {}},
+                   "status": {"capacity": {"nvidia.com/gpu": "4", GPU_RESOURCE: "100000"},
+                              "allocatable": {"nvidia.com/gpu": "4", GPU_RESOURCE: "100000"}, "conditions": [ready]}}
+    framework = new_framework(SchedulerConfig(quota=True))
+    view = core.ReadView(lambda name, deciding: NodeSnapshot(name, node_object, quotas=quotas))
+    return core.answer(pod, framework, view).scheduling
+
+
+def test_gpuquota_in_the_framework_places_a_short_pod_unless_its_namespace_has_a_quota_counting_it():
+    from gpu_scheduler.quota import quota_view
+    pod = make_pod("web-0", map_text="0=node1:0,1\n", containers=[container(resources=counted_gpus(1))])
+    pod["metadata"]["uid"] = "u-1"
+    assert _gpuquota_answer(pod, {"default": ()}).action == "bind"
+    assert _gpuquota_answer(pod, {"other": (quota_view(resource_quota("gpus", {TOTAL: "8"})),)}).action == "bind"
+    refused = _gpuquota_answer(pod, {"default": (quota_view(resource_quota("gpus", {TOTAL: "8"})),)})
+    assert refused.action != "bind" and "which ResourceQuota gpus bounds" in refused.message, refused
+    assert "re-create it" in refused.message
+    # quotas not read (None): taken to count it, as before
+    assert _gpuquota_answer(pod, None).action != "bind"
+
+
+def test_gpuquota_is_retried_when_a_resourcequota_is_added_changed_or_deleted():
+    from gpu_scheduler.framework.events import QUOTA_ADD, QUOTA_DELETE, QUOTA_UPDATE
+    from gpu_scheduler.plugins.gpuquota import GPUQuota
+    from gpu_scheduler.queueing import ANY_NODE, Refused, requeues
+    assert {QUOTA_ADD, QUOTA_UPDATE, QUOTA_DELETE} <= GPUQuota.events
+    assert all(requeues(Refused("GPUQuota", "node1"), event, ANY_NODE) for event in (QUOTA_ADD, QUOTA_UPDATE, QUOTA_DELETE))
+    assert not requeues(Refused("GPUsHeld", "node1"), QUOTA_DELETE, ANY_NODE)
 
 
 # --------------------------------------------------------------------------- mutate's node reads (error paths: a fake API)
@@ -181,7 +288,7 @@ def _node_products(answers, seconds=10.0):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     api = _Nodes(answers)
-    return module.NodeProducts(api, seconds), api
+    return (module.NodeProducts(api) if seconds is None else module.NodeProducts(api, seconds)), api
 
 
 def test_a_nodes_gpu_type_is_read_once_per_interval():
@@ -198,6 +305,15 @@ def test_a_missing_node_has_no_type_yet_and_a_failed_read_is_not_kept():
                                     "down": APIError(0, "connection refused")})
     assert products("gone") is None and products("gone") is None and api.reads == 1  # kept: asked again later
     assert products("down") is None and products("down") is None and api.reads == 3  # not kept: asked each time
+
+
+def test_a_nodes_gpu_type_is_kept_a_second_at_most_and_the_cache_stays_bounded(monkeypatch):
+    products, api = _node_products({f"n{i}": node(product="Tesla-T4") for i in range(5)}, seconds=None)
+    assert products.seconds <= 1.0  # the module's own default: a label 2 s old is read
+    monkeypatch.setitem(type(products).__init__.__globals__, "MAX_NODES", 3)  # the module's globals
+    for i in range(5):
+        products(f"n{i}")
+    assert len(products._known) <= 3 and api.reads == 5
 
 
 def test_without_an_api_server_every_pod_counts_in_the_total_only():
@@ -217,3 +333,41 @@ def test_bind_counts_quotas_unless_told_not_to_and_refuses_a_wrong_value():
     assert BindConfig.from_environment({"GPU_SCHEDULER_QUOTA": "false"}).scheduler.quota is False
     with pytest.raises(ConfigError, match="GPU_SCHEDULER_QUOTA: 'no': expected true or false"):
         BindConfig.from_environment({"GPU_SCHEDULER_QUOTA": "no"})
+
+
+# --------------------------------------------------------------------------- bind's ResourceQuota view
+
+def _bind_cache(**options):
+    import sys
+    from conftest import REPO
+    sys.path.insert(0, str(REPO / "functions" / "bind"))
+    from cache import Cache
+    return Cache(dra=False, **options)
+
+
+def test_bind_keeps_each_namespaces_quotas_for_the_snapshots_and_says_what_changed():
+    from gpu_scheduler.framework.events import ANY_NODE, QUOTA_ADD, QUOTA_DELETE, QUOTA_UPDATE
+    cache = _bind_cache(quotas=True)
+    gpus = {**resource_quota("gpus", {TOTAL: "8"}), "metadata": {"name": "gpus", "namespace": "a", "resourceVersion": "1",
+                                                                 "managedFields": [{"manager": "kubectl"}]}}
+    cache.replace_quotas(iter([[gpus]]))
+    snapshot = cache.snapshot("node1", namespaces=["a", "b"])
+    assert snapshot.quotas == {"a": ({"metadata": {"name": "gpus", "namespace": "a"}, "spec": {"hard": {TOTAL: "8"}}},),
+                               "b": ()}
+    # its use changes with every pod of the namespace: no event (no refusal can change with it)
+    used = {**gpus, "status": {"used": {TOTAL: "3"}}, "metadata": {**gpus["metadata"], "resourceVersion": "2"}}
+    assert cache.apply_quota("MODIFIED", used).events == ()
+    raised = {**used, "spec": {"hard": {"requests.cpu": "8"}}}
+    assert cache.apply_quota("MODIFIED", raised).events == ((QUOTA_UPDATE, ANY_NODE),)
+    assert cache.snapshot("node1", namespaces=["a"]).quotas["a"][0]["spec"] == {"hard": {"requests.cpu": "8"}}
+    other = {**gpus, "metadata": {"name": "t4", "namespace": "b"}}
+    assert cache.apply_quota("ADDED", other).events == ((QUOTA_ADD, ANY_NODE),)
+    assert cache.apply_quota("DELETED", raised).events == ((QUOTA_DELETE, ANY_NODE),)
+    assert cache.snapshot("node1", namespaces=["a", "b"]).quotas == {"a": (), "b": (quota_view_of(other),)}
+    # not watched (quotas off): snapshots say they were not read
+    assert _bind_cache().snapshot("node1", namespaces=["a"]).quotas is None
+
+
+def quota_view_of(quota):
+    from gpu_scheduler.quota import quota_view
+    return quota_view(quota)

@@ -1,7 +1,7 @@
 """bind's cache of the cluster, as kube-scheduler's (pkg/scheduler/backend/cache): the state bind's
 watches show (every pod: our pending pods, to place, and every node's non-terminal pods, for fit
-and GPU accounting; every node; bind's device records; PodDisruptionBudgets; in DRA mode every
-ResourceSlice and ResourceClaim), and what this instance placed or wrote before its watches show
+and GPU accounting; every node; bind's device records; PodDisruptionBudgets; with quotas on every
+ResourceQuota; in DRA mode every ResourceSlice and ResourceClaim), and what this instance placed or wrote before its watches show
 it (assume, forget, wrote, wrote_claim). One lock guards it all; an attempt reads a node as an
 immutable snapshot taken under it.
 
@@ -25,7 +25,7 @@ import msgspec
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler.binding import placement_inputs
 from gpu_scheduler.fit import NodeInfo, PodInfo, gang_key, is_terminal
-from gpu_scheduler.framework.events import ClusterEvent
+from gpu_scheduler.framework.events import QUOTA_ADD, QUOTA_DELETE, QUOTA_UPDATE, ClusterEvent
 from gpu_scheduler.plugins.dynamicresources.allocator import Device, allocated, drivers_on, node_devices
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.gang import WorkloadMembers
@@ -33,6 +33,7 @@ from gpu_scheduler.queueing import (
     ANY_NODE, CLAIM_DELETE, CLAIM_UPDATE, NODE_ADD, NODE_UPDATE, POD_LEAVES, RECORD_FREED, RECORD_UPDATE, SLICE_ADD,
     SLICE_DELETE, SLICE_UPDATE,
 )
+from gpu_scheduler.quota import quota_view
 from gpu_scheduler.records import Record
 
 MAX_GONE = 65536  # UIDs of deleted pods remembered (about 5 MB)
@@ -119,8 +120,9 @@ class Cache:
     API server serves DRA's kinds (snapshots say it); both read under the lock."""
 
     def __init__(self, dra: bool = True, pods_version: Callable[[], str] = lambda: "",
-                 dra_served: Callable[[], bool] = lambda: True):
+                 dra_served: Callable[[], bool] = lambda: True, quotas: bool = False):
         self.dra, self._pods_version, self._dra_served = dra, pods_version, dra_served
+        self.quotas = quotas  # ResourceQuotas watched (GPU_SCHEDULER_QUOTA): snapshots carry them
         self._lock = threading.Lock()
         self._nodes: dict[str, dict] = {}
         self._pods_on: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod
@@ -148,6 +150,8 @@ class Cache:
         self.gone: OrderedDict[str, None] = OrderedDict()
         # Preemption evicts no pod a PodDisruptionBudget protects now (plugins/defaultpreemption.py).
         self._pdbs: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> name -> budget
+        # GPUQuota refuses a pod counted for too few GPUs only where a quota counts them (quota_view).
+        self._quotas: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> name -> quota
         # node -> slice name -> spec: a placement reads its node's slices only. Slices published for
         # no single node (spec.nodeName unset) are not kept: DRA mode matches a node's own.
         self._slices: dict[str, dict[str, Mapping[str, Any]]] = {}
@@ -157,11 +161,15 @@ class Cache:
         self._held: dict[Device, dict[str, None]] = {}
 
     # -- reads, for placement ---------------------------------------------------------------
-    def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = ()) -> NodeSnapshot:
+    def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = (),
+                 namespaces: Iterable[str] = ()) -> NodeSnapshot:
         """The node as one attempt decides on it: immutable, taken under the lock at once, read
         outside it. Its pods include those this instance is binding there (assumed); `claims`: the
-        (namespace, name) of the claims the pod's attempt reads."""
+        (namespace, name) of the claims the pod's attempt reads; `namespaces`: those of its pods,
+        whose ResourceQuotas it carries (where they are watched)."""
         with self._lock:
+            quotas = MappingProxyType({namespace: tuple(self._quotas.get(namespace, {}).values())
+                                       for namespace in namespaces}) if self.quotas else None
             records = dict(self._records_on.get(node, {}))
             slices = tuple({"spec": spec} for spec in self._slices.get(node, {}).values())
             held = {device: next(iter(self._held[device])) for device in _devices_of(slices)
@@ -174,7 +182,7 @@ class Cache:
                 now=time.time(), slices=slices, held=MappingProxyType(held),
                 claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
                 dra=self._dra_support(),
-                generation=self._generation.get(node, 0))
+                generation=self._generation.get(node, 0), quotas=quotas)
 
     def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
         """The PodDisruptionBudgets of the namespaces that pods on `node` are in."""
@@ -542,6 +550,37 @@ class Cache:
             else:
                 self._pdbs.setdefault(namespace, {})[name] = _trim(pdb)
         return NOTHING
+
+    # -- ResourceQuotas ------------------------------------------------------------------------
+    def replace_quotas(self, pages: Iterable[list[dict]]) -> Changes:
+        quotas: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for items in pages:
+            for quota in items:
+                namespace, name = _name(quota)
+                quotas.setdefault(namespace, {})[name] = quota_view(quota)
+        with self._lock:
+            changed, self._quotas = quotas != self._quotas, quotas
+        # what changed unseen is not known: any of the three may have
+        return Changes(events=((QUOTA_ADD, ANY_NODE), (QUOTA_UPDATE, ANY_NODE), (QUOTA_DELETE, ANY_NODE))) \
+            if changed else NOTHING
+
+    def apply_quota(self, kind: str, quota: Mapping[str, Any]) -> Changes:
+        """A quota's use (its status) changes with every pod of its namespace created or deleted:
+        no event, only a change of what it counts (its spec) is one."""
+        namespace, name = _name(quota)
+        with self._lock:
+            known = self._quotas.get(namespace, {})
+            before = known.get(name)
+            if kind == "DELETED":
+                known.pop(name, None)
+                if not known:
+                    self._quotas.pop(namespace, None)
+                return Changes(events=((QUOTA_DELETE, ANY_NODE),)) if before is not None else NOTHING
+            view = quota_view(quota)
+            if view == before:
+                return NOTHING
+            self._quotas.setdefault(namespace, {})[name] = view
+        return Changes(events=(((QUOTA_ADD if before is None else QUOTA_UPDATE), ANY_NODE),))
 
     # -- DRA ---------------------------------------------------------------------------------
     def _set_claim(self, key: tuple[str, str], claim: Mapping[str, Any] | None) -> None:

@@ -44,6 +44,12 @@ class EventHandlers:
     def apply_pdb(self, kind: str, pdb: Mapping[str, Any]) -> None:
         self._report(self.cache.apply_pdb(kind, pdb))
 
+    def replace_quotas(self, pages: Iterable[list[dict]]) -> None:
+        self._report(self.cache.replace_quotas(pages))
+
+    def apply_quota(self, kind: str, quota: Mapping[str, Any]) -> None:
+        self._report(self.cache.apply_quota(kind, quota))
+
     def replace_slices(self, pages: Iterable[list[dict]]) -> None:
         self._report(self.cache.replace_slices(pages))
 

@@ -36,6 +36,7 @@ class AttemptHandle:
                  group_locks: dict[str, threading.Lock] | None = None):
         self.api, self.views, self.namespace, self._pool, self.recorder = api, views, namespace, pool, recorder
         self._claims = tuple(claim_key(pod) for pod in pods)
+        self._namespaces = _namespaces(pods)
         self._group_locks = group_locks if group_locks is not None else {}
 
     def group_lock(self, group: str) -> threading.Lock:
@@ -49,8 +50,11 @@ class AttemptHandle:
         return self.views.assumed(str((pod.get("metadata") or {}).get("uid") or ""))
 
     def group_formed(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """The attempt is for these pods: the snapshots carry their claims (DRA mode)."""
+        """The attempt is for these pods: the snapshots carry their claims (DRA mode) and their
+        namespaces' ResourceQuotas (GPUQuota)."""
+        pods = tuple(pods)
         self._claims = tuple(claim_key(pod) for pod in pods)
+        self._namespaces = _namespaces(pods)
 
     def each(self, calls: Sequence[Callable[[], Status]]) -> list[Status]:
         if self._pool is None or len(calls) < 2:
@@ -58,7 +62,7 @@ class AttemptHandle:
         return [future.result() for future in [self._pool.submit(call) for call in calls]]
 
     def snapshot(self, node: str) -> NodeSnapshot:
-        return self.views.snapshot(node, self._claims)
+        return self.views.snapshot(node, self._claims, self._namespaces)
 
     def assume(self, pod: Mapping[str, Any], node: NodeSnapshot, devices: tuple[str, ...]) -> bool:
         return self.views.assume(dataclasses.replace(PodInfo.of(pod), devices=devices), node)
@@ -159,3 +163,7 @@ class AttemptHandle:
         claim = self.api.update_resource_claim_status(namespace, name, dict(body))
         self.views.wrote_claim(claim)
         return claim
+
+
+def _namespaces(pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(str((pod.get("metadata") or {}).get("namespace") or "") for pod in pods))

@@ -95,7 +95,8 @@ class Placer:
         if api is not None:
             self.queue = SchedulingQueue()
             self.views = Views(api, self.namespace, self.queue, dra=self.config.dra_enabled,
-                               admits=lambda pod: self.framework.pre_enqueue(pod).ok)
+                               admits=lambda pod: self.framework.pre_enqueue(pod).ok,
+                               quotas=self.config.scheduler.quota)
             self.recorder = Recorder(api, self.config.identity)
 
     @classmethod

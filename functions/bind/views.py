@@ -1,7 +1,8 @@
 """bind's one view of the cluster, kept current by its watches (informers.py), as
 kube-scheduler's informers keep its cache: every pod (our pending pods, to place; every node's
 non-terminal pods, for fit and GPU accounting), every node (labels, taints, conditions,
-allocatable), bind's device records (gpu_scheduler/records.py), PodDisruptionBudgets and, for DRA
+allocatable), bind's device records (gpu_scheduler/records.py), PodDisruptionBudgets, with quotas
+on (GPU_SCHEDULER_QUOTA) every ResourceQuota (GPUQuota: plugins/gpuquota.py) and, for DRA
 mode (gpu_scheduler/plugins/dynamicresources/allocator.py, unless GPU_SCHEDULER_DRA=false), every
 ResourceSlice and ResourceClaim.
 
@@ -30,13 +31,14 @@ NOT_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
 
 class Views:
     def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True,
-                 admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True):
+                 admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True, quotas: bool = False):
         self.api, self.namespace, self.queue = api, namespace, queue
         self.dra = dra
         self.informers: list[Informer] = []
         # gone_of compares a record with how far the pod watch is; a snapshot says whether DRA is served
         self.cache = Cache(dra, pods_version=lambda: self.informers[0].version,
-                           dra_served=lambda: all(i.served for i in self.informers if i.optional))
+                           dra_served=lambda: all(i.served for i in self.informers if i.optional),
+                           quotas=quotas)
         self.handlers = handlers = EventHandlers(self.cache, queue, admits)
         self.informers = [
             # Pods and nodes, the bulk of what bind watches, decoded into only what it reads; pods
@@ -54,6 +56,10 @@ class Views:
             # Preemption evicts no pod a PodDisruptionBudget protects now (plugins/defaultpreemption.py).
             Informer("poddisruptionbudgets", api.list_pdbs, api.watch_pdbs, handlers.replace_pdbs, handlers.apply_pdb),
         ]
+        if quotas:
+            # GPUQuota refuses a pod counted for too few GPUs only where a quota of its namespace counts them.
+            self.informers.append(Informer("resourcequotas", api.list_resource_quotas_all, api.watch_resource_quotas,
+                                           handlers.replace_quotas, handlers.apply_quota))
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
@@ -85,8 +91,8 @@ class Views:
         return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
     # -- reads, for placement (the cache's) ------------------------------------------------------
-    def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = ()) -> NodeSnapshot:
-        return self.cache.snapshot(node, claims)
+    def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = (), namespaces: Iterable[str] = ()) -> NodeSnapshot:
+        return self.cache.snapshot(node, claims, namespaces)
 
     def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
         return self.cache.pdbs(node)

@@ -1,6 +1,7 @@
 """The GPU type of a node, for mutate's per-type quota requests (gpu_scheduler/quota.py): its
-`nvidia.com/gpu.product` label, read from the API server (`nodes get`, from its watch cache) and
-kept NODE_SECONDS, so a StatefulSet of many replicas on one node costs one read.
+`nvidia.com/gpu.product` label, read from the API server (`nodes get`, from its watch cache: cheap)
+and kept NODE_SECONDS, so a StatefulSet of many replicas created at once on one node costs one read,
+while a pod created a second or more after its node was labelled is counted with the label.
 
 The API server waits 5 s for mutate's answer (knative/webhook.yaml); a read takes at most about
 READ_SECONDS. A node that does not exist (yet), has no label, or cannot be read now gives None:
@@ -21,9 +22,9 @@ from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 
 log = logging.getLogger("mutate")
-NODE_SECONDS = 10.0
+NODE_SECONDS = 1.0  # at most: a label set 2 s before a pod's creation is the one it is counted with
 READ_SECONDS = 1.5
-MAX_NODES = 10000  # bounded memory: past this, the cache starts over
+MAX_NODES = 10000  # bounded memory: past this, the expired are dropped, or else the cache starts over
 
 
 class NodeProducts:
@@ -66,6 +67,8 @@ class NodeProducts:
         product = product if isinstance(product, str) else None
         with self._lock:
             if len(self._known) >= MAX_NODES:
-                self._known.clear()
+                self._known = {name: kept for name, kept in self._known.items() if now - kept[0] < self.seconds}
+                if len(self._known) >= MAX_NODES:
+                    self._known.clear()
             self._known[node] = (now, product)
         return product

@@ -20,6 +20,12 @@ SLICE_UPDATE: ClusterEvent = ("ResourceSlice", "Update")
 SLICE_DELETE: ClusterEvent = ("ResourceSlice", "Delete")  # a second pool publishing the same device withdrawn
 CLAIM_UPDATE: ClusterEvent = ("ResourceClaim", "Update")  # deallocated, its reservation or owner changed
 CLAIM_DELETE: ClusterEvent = ("ResourceClaim", "Delete")
+# A namespace's ResourceQuota (its spec: what it counts, for which pods), keyed on no one node:
+# GPUQuota refuses a pod only where one counts the GPUs its entry pins, so one deleted, or changed
+# to count them no more, undoes a refusal; one added makes it count a pod it did not.
+QUOTA_ADD: ClusterEvent = ("ResourceQuota", "Add")
+QUOTA_UPDATE: ClusterEvent = ("ResourceQuota", "Update")
+QUOTA_DELETE: ClusterEvent = ("ResourceQuota", "Delete")
 ANY_NODE = "*"
 
 # How explain words each event: what a waiting pod waits for.
@@ -35,4 +41,7 @@ DESCRIBED = {
     SLICE_DELETE: "a ResourceSlice of the node deleted",
     CLAIM_UPDATE: "a ResourceClaim updated",
     CLAIM_DELETE: "a ResourceClaim deleted",
+    QUOTA_ADD: "a ResourceQuota of the namespace added",
+    QUOTA_UPDATE: "a ResourceQuota of the namespace updated",
+    QUOTA_DELETE: "a ResourceQuota of the namespace deleted",
 }

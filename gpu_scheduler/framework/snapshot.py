@@ -35,3 +35,7 @@ class NodeSnapshot:
     claims: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=_empty)  # DRA: the pod's own claim(s), as read
     dra: DraSupport = DraSupport.SERVED
     generation: int = 0  # bind's views: changes with every change of the node, its pods or records
+    # The ResourceQuotas of the namespaces of the pods decided on the node (namespace -> its quotas,
+    # as {"metadata": {"name"}, "spec": ...}; a namespace without any: absent or empty). None: not
+    # read (GPUQuota then takes every namespace to count the GPUs its pods pin).
+    quotas: Mapping[str, tuple[Mapping[str, Any], ...]] | None = None
