@@ -28,6 +28,7 @@ from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
 from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on
 from .placement import NO_ENTRY, NotPlaceable, map_text, metadata, resolve, spec
+from .templatecount import template_counts
 from .podindex import (
     JOB_INDEX_KEY, JOBSET_JOB_INDEX_LABEL, JOBSET_NAME_LABEL, JOBSET_REPLICATED_JOB_LABEL, JOBSET_UID_LABEL,
     LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL, STATEFULSET_INDEX_LABEL,
@@ -636,6 +637,10 @@ class WorkloadPlan:
     gang: Gang | None = None  # the gang its pods form (gpu-scheduler/gang), as expected: none decided
     gangs: tuple[Gang, ...] = ()  # every gang (a LeaderWorkerSet: one per group); gang is the first
     index_source: str | None = None  # podindex's source of its pods' indexes (IndexSource.name)
+    # What mutate writes on the template for queues that count templates (Kueue): the largest entry's
+    # GPUs (templatecount.py), and whether that is every entry's (exact) or an upper bound.
+    template_counts: Mapping[str, str] | None = None
+    template_counts_exact: bool = True
 
     @property
     def placeable(self) -> bool:
@@ -719,7 +724,9 @@ def plan(work: Workload) -> WorkloadPlan:
             warnings.append(Note("ReplicasWithoutEntry", f"pod indexes {_listing(missing)} have no map entry:"
                                  " those pods will stay Pending"))
     source = index_source(metadata(pods[work.indexes[0]])).name if work.indexes and work.indexed else None
-    return WorkloadPlan(work, rows, tuple(warnings), formed[0] if formed else None, formed, source)
+    counts = template_counts(next(t for t in texts if t is not None), None) if work.kind != "Pod" else None
+    exact = len({len(p.devices) for p in entries.values()}) <= 1
+    return WorkloadPlan(work, rows, tuple(warnings), formed[0] if formed else None, formed, source, counts, exact)
 
 
 def _row_gangs(work: Workload, rows: tuple[Row, ...], sizes: Mapping[Any, int | None]) -> list[str]:

@@ -57,6 +57,8 @@ def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dic
         answer.update(groups=work.groups, groupSize=work.group_size)
     if plan.index_source:
         answer["indexSource"] = plan.index_source
+    if plan.template_counts:
+        answer["templateCounts"] = {"requests": dict(plan.template_counts), "exact": plan.template_counts_exact}
     decided = {g.name: g for g in ((gang,) if gang else ()) + tuple(gangs)}
     every = [decided.get(g.name, g) for g in plan.gangs] or ([gang] if gang else [])
     every += [g for g in decided.values() if g.name not in {e.name for e in every}]
@@ -169,6 +171,10 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
         for warning in work["warnings"]:
             out.append(f"  warning: {warning['message']}\n")
         out += [f"  quota: {quota_text(q)}\n" for q in work.get("quota", ())]
+        if work.get("templateCounts"):
+            requested = ", ".join(f"{k}: {v}" for k, v in sorted(work["templateCounts"]["requests"].items()))
+            how = "every entry's" if work["templateCounts"]["exact"] else "the largest entry's: an upper bound"
+            out.append(f"  Kueue counts {requested} per pod ({how})\n")
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 

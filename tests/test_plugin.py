@@ -587,7 +587,9 @@ def test_plan_lists_every_pod_of_a_jobset_and_a_leaderworkerset_with_its_gang(tm
     assert lines[5].split() == ["3", "train-workers-1-1-*", "node2", "2,3", "ok"]
     assert ("  gang team/train: 5 members, bound together or none: train-workers-0-0-* ... train-driver-0-0-*"
             in lines)
-    assert "replicated job driver" in lines[8] and lines[10].split() == ["0", "train-driver-0-0-*", "node3", "0", "ok"]
+    assert "  Kueue counts gpu-scheduler.io/gpu: 2 per pod (every entry's)" in lines
+    driver = lines.index(next(line for line in lines if "replicated job driver" in line))
+    assert lines[driver + 2].split() == ["0", "train-driver-0-0-*", "node3", "0", "ok"]
     lws = lines[lines.index(next(l for l in lines if l.startswith("LeaderWorkerSet"))):]
     assert lws[0].endswith("; replicas 2 × size 3 = 6 pods; index: LeaderWorkerSet (group-index × size +"
                            " worker-index, the leader worker 0))")
@@ -595,8 +597,8 @@ def test_plan_lists_every_pod_of_a_jobset_and_a_leaderworkerset_with_its_gang(tm
     assert [row.split()[:3] for row in lws[2:8]] == [["0", "infer-0", "node1"], ["1", "infer-0-1", "node1"],
                                                      ["2", "infer-0-2", "node1"], ["3", "infer-1", "node2"],
                                                      ["4", "infer-1-1", "node2"], ["5", "infer-1-2", "node2"]]
-    assert lws[8:] == ["  gang team/infer group 0: 3 members, bound together or none: infer-0 ... infer-0-2",
-                       "  gang team/infer group 1: 3 members, bound together or none: infer-1 ... infer-1-2"]
+    assert lws[8:10] == ["  gang team/infer group 0: 3 members, bound together or none: infer-0 ... infer-0-2",
+                         "  gang team/infer group 1: 3 members, bound together or none: infer-1 ... infer-1-2"]
     code, out, _ = run("plan", "-f", write(tmp_path, JOBSET_AND_LWS), "-o", "json")
     workers, driver, infer = json.loads(out)["workloads"]
     assert (workers["replicatedJob"], workers["groups"], workers["groupSize"], workers["indexSource"]) == (
