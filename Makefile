@@ -19,7 +19,7 @@ venv: $(VENV)/.installed
 controlplane:  ## build Kubernetes 1.34 and its DRA test driver, fetch etcd, containerd, runc, CNI plugins (once, cached)
 	@bash localcp/build.sh
 
-demo: venv controlplane  ## the seed StatefulSet, placed on the local control plane (DRA=1: in DRA mode, through the test driver; GANG=1: as a gang, blocked whole by a held GPU, then placed whole; PREEMPT=1: at high priority, preempting a low-priority holder; WORKLOAD=jobset or WORKLOAD=lws: instead of the seed, examples/jobset-torchrun.yaml or examples/lws-vllm.yaml run by the real JobSet or LeaderWorkerSet controller, with the check container)
+demo: venv controlplane  ## the seed StatefulSet, placed on the local control plane (DRA=1: in DRA mode, through the test driver; GANG=1: as a gang, blocked whole by a held GPU, then placed whole; PREEMPT=1: at high priority, preempting a low-priority holder; WORKLOAD=jobset or WORKLOAD=lws: instead of the seed, examples/jobset-torchrun.yaml or examples/lws-vllm.yaml run by the real JobSet or LeaderWorkerSet controller, with the check container; WORKLOAD=kueue: two pinned Jobs of examples/kueue/ through the real Kueue, one ClusterQueue of 8 GPUs: the second waits until the first is deleted)
 	$(PY) -m localcp.demo $(if $(DRA),--dra,) $(if $(GANG),--gang,) $(if $(PREEMPT),--preempt,) $(if $(WORKLOAD),--workload $(WORKLOAD),)
 
 test: venv controlplane  ## every test: unit, HTTP, offline manifests, and the local control plane

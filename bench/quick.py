@@ -1,11 +1,12 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36,issue39,workloads]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36,issue39,workloads,kueue]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
 preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation;
 workloads: a JobSet of that many pods, 4 child Jobs, against a StatefulSet of as many, gang and not;
 framework36: bind now / before issue 36, bench.framework.BEFORE_ISSUE_36, for --pods pods created one
-by one and for a gang of --replicas)
+by one and for a gang of --replicas; kueue: admission of --pods pods and Jobs, and create-to-bound of an
+Indexed Job of --replicas pods, in a namespace the real Kueue manages against a plain one)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, gang, quota, run, scale, workloads
+from . import framework, gang, kueue, quota, run, scale, workloads
 
 
 def main() -> int:
@@ -43,8 +44,10 @@ def main() -> int:
                 results.setdefault("peak_rss_mb", {})["mutate"] = run.peak_rss_mb(stack.cp.processes["mutate"].pid)
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
-    if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36", "issue39", "workloads"}:
-        with LocalStack(workloads=("jobset",) if "workloads" in only else ()) as stack:
+    if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36", "issue39", "workloads",
+                "kueue"}:
+        with LocalStack(workloads=(("jobset",) if "workloads" in only else ()) + (("kueue",) if "kueue" in only else ())
+                        ) as stack:
             if "peers" in only:
                 results["placement_peers"] = run.placement_peers(stack, args.pods, args.reps)
             if "dra" in only:  # not in the default: bench.run has it
@@ -65,6 +68,8 @@ def main() -> int:
                                                               framework.BEFORE_ISSUE_36)
             if "workloads" in only:  # not in the default: bench.run has it
                 results["workloads"] = workloads.workload_speed(stack, args.replicas, args.reps)
+            if "kueue" in only:  # not in the default: bench.run has it
+                results["kueue"] = kueue.kueue_cost(stack, args.replicas, args.reps, n=args.pods)
             if "issue39" in only:  # not in the default: bench.run has it
                 results["issue39_pods"] = framework.framework_cost(stack, args.pods, args.reps, scale.BEFORE_ISSUE_39)
     for key, value in results.items():
@@ -107,6 +112,8 @@ def main() -> int:
             print("\n".join(workloads.rows(value)))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
+        elif key == "kueue":
+            print("\n".join(kueue.rows(value)))
         elif key == "quota":
             print("\n".join(quota.rows(value)))
         elif key == "cold_start_s":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import decode, framework, gang, hostile, namespace_name, quota, scale, soak, workloads
+from bench import decode, framework, gang, hostile, kueue, namespace_name, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -660,6 +660,8 @@ def table(results: dict) -> str:
         rows += workloads.rows(results["workloads"])
     if results.get("quota"):
         rows += quota.rows(results["quota"])
+    if results.get("kueue"):
+        rows += kueue.rows(results["kueue"])
     r = results.get("real_nodes")
     if r:
         rows.append(f"{'real nodes: four Ready from start (median s)':<62} {statistics.median(r['four_nodes_ready_s']):>20.1f}"
@@ -719,7 +721,8 @@ def main() -> int:
         print("bench: cold start", flush=True)
         results["cold_start_s"] = {t: cold_start(t, cold_kubeconfig, max(3, reps)) for t in ("mutate", "bind")}
     print("bench: bind vs kube-scheduler, create to bound; StatefulSet end to end", flush=True)
-    with LocalStack(workloads=("jobset",)) as stack:  # the real JobSet controller: bench/workloads.py
+    # the real JobSet controller (bench/workloads.py) and Kueue (bench/kueue.py)
+    with LocalStack(workloads=("jobset", "kueue")) as stack:
         # First: the StatefulSet's replicas stay bound to the four nodes (no kubelets remove
         # them), past the nodes' pod capacity, where kube-scheduler would place nothing more.
         results["placement_peers"] = placement_peers(stack, n if args.smoke else 300, reps)
@@ -733,6 +736,8 @@ def main() -> int:
         results["workloads"] = workloads.workload_speed(stack, 20 if args.smoke else workloads.PODS, 1 if args.smoke else 3)
         print("bench: admission and create to bound with a ResourceQuota on pinned GPUs, and without", flush=True)
         results["quota"] = quota.quota_cost(stack, n if args.smoke else 300, reps)
+        print("bench: admission and create to bound of a pinned Indexed Job queued by Kueue, and without", flush=True)
+        results["kueue"] = kueue.kueue_cost(stack, 20 if args.smoke else kueue.PODS, reps)
         # Last on this stack: its own bind is stopped meanwhile, one bind at a time placing.
         print(f"bench: bind now vs before the framework ({args.before}), create to bound", flush=True)
         results["framework_cost"] = framework.framework_cost(stack, n if args.smoke else 300, 2 if args.smoke else 4,

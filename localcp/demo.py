@@ -25,7 +25,16 @@ controller beside the control plane (localcp/workloads.py), with its containers 
 seed's check container (its map, schedulerName and annotations kept). Its 4 pods Running, each
 pod's index (JobSet: job-index × completions + completion index; LWS: group × size + worker), node
 and log line; the demo fails (exit 1) unless every pod runs on its entry's node with
-CUDA_VISIBLE_DEVICES equal to its entry's devices."""
+CUDA_VISIBLE_DEVICES equal to its entry's devices.
+
+`make demo WORKLOAD=kueue` (--workload kueue): the real Kueue queues pinned jobs
+(examples/kueue/): its ClusterQueue covers 8 of gpu-scheduler.io/gpu, which mutate writes on each
+pinned template (docs/quotas.md). Two Indexed Jobs of examples/kueue/job.yaml, 4 pods × 2 GPUs
+each, with the check container, on different devices (the first GPUs 0,1 of every node, the second
+2,3): only the queue separates them. The first is admitted and Running (each pod's node and log
+line); the second waits, its Workload pending, its Job suspended, no pod; the first is deleted and
+the second runs. The demo fails (exit 1) if a pod of the second exists before the first is
+deleted, or if a pod is not on its entry's node with its entry's devices."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +50,7 @@ from gpu_scheduler.schedmap import parse_map
 
 from .cluster import KUBERNETES_VERSION, REPO, ensure_built
 from .stack import LocalStack
+from .workloads import KUEUE_NAMESPACE_LABEL
 
 SEED = REPO / "check" / "statefulset.yaml"
 SELECTOR = "app=gpu-scheduler-check"
@@ -412,6 +422,187 @@ def main_workload(workload: str) -> int:
     return torn_down(nodes, processes, failure)
 
 
+# --workload kueue: examples/kueue/, two pinned Indexed Jobs through one ClusterQueue of 8 GPUs.
+KUEUE_EXAMPLES = EXAMPLES / "kueue"
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+KUEUE_NAMESPACE = "team"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+FIRST, SECOND = "train-a", "train-b"
+
+
+def kueue_documents() -> tuple[list[dict], dict]:
+    """examples/kueue/queues.yaml's documents (the LocalQueue in KUEUE_NAMESPACE) and its job."""
+    queues = [d for d in yaml.safe_load_all((KUEUE_EXAMPLES / "queues.yaml").read_text()) if d]
+    for document in queues:
+        if document["kind"] == "LocalQueue":
+            document["metadata"]["namespace"] = KUEUE_NAMESPACE
+    [job] = [d for d in yaml.safe_load_all((KUEUE_EXAMPLES / "job.yaml").read_text()) if d]
+    return queues, job
+
+
+def kueue_job(name: str, devices: str) -> dict:
+    """examples/kueue/job.yaml named `name` in KUEUE_NAMESPACE, its containers the seed's check
+    container, each entry's devices `devices` (the example's are 0,1)."""
+    _, job = kueue_documents()
+    job["metadata"].update(name=name, namespace=KUEUE_NAMESPACE)
+    template = job["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    annotations[MAP_ANNOTATION] = annotations[MAP_ANNOTATION].replace(":0,1\n", f":{devices}\n")
+    seed_spec = yaml.safe_load(SEED.read_text())["spec"]["template"]["spec"]
+    spec = template["spec"]
+    template["spec"] = {"schedulerName": spec["schedulerName"], "restartPolicy": spec["restartPolicy"],
+                        "securityContext": seed_spec["securityContext"],
+                        "terminationGracePeriodSeconds": seed_spec["terminationGracePeriodSeconds"],
+                        "containers": seed_spec["containers"]}
+    return job
+
+
+def condition_of(obj: dict | None, kind: str) -> dict:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def workload_of(stack: LocalStack, job: str) -> dict | None:
+    """The Workload Kueue made for Job `job` (its owner)."""
+    listing = json.loads(stack.cp.get(f"{KUEUE_API}/namespaces/{KUEUE_NAMESPACE}/workloads"))["items"]
+    return next((w for w in listing if any(o["kind"] == "Job" and o["name"] == job
+                                           for o in w["metadata"].get("ownerReferences") or [])), None)
+
+
+def get_job(stack: LocalStack, name: str) -> dict:
+    return json.loads(stack.cp.get(f"/apis/batch/v1/namespaces/{KUEUE_NAMESPACE}/jobs/{name}"))
+
+
+class RanEarly(Exception):
+    """A pod of the second job exists while the first holds the queue's 8 GPUs."""
+
+
+def kueue_running(stack: LocalStack, job: dict, since: tuple[str, float]) -> tuple[list[dict], str | None]:
+    """Waits for the job's 4 pods Running, then shows them: node, map entry, log line. since:
+    (what, when) the time to Running is counted from. (pods, None) or (pods, what is wrong)."""
+    name, count = job["metadata"]["name"], job["spec"]["parallelism"]
+    selector = f"{JOB_NAME_LABEL}={name}"
+
+    def up():
+        pods = stack.pods(KUEUE_NAMESPACE, selector)
+        return pods if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods) else None
+    pods = stack.wait_for(up, 180, f"the {count} pods of Job {name} Running")
+    print(f"    Job {name}'s {count} pods Running {time.monotonic() - since[1]:.1f}s after {since[0]}")
+    step(f"kubectl -n {KUEUE_NAMESPACE} get pod -o wide -l {selector} -L {COMPLETION_INDEX}")
+    print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "pod", "-o", "wide", "-l", selector,
+                           "-L", COMPLETION_INDEX).stdout, end="")
+    step("Each pod: its completion index, its map entry, its requests (mutate's), its node and its log line")
+    wrong = []
+    for pod in sorted(pods, key=lambda p: int(p["metadata"]["labels"][COMPLETION_INDEX])):
+        pod_name, index = pod["metadata"]["name"], int(pod["metadata"]["labels"][COMPLETION_INDEX])
+        entry = parse_map(pod["metadata"]["annotations"][MAP_ANNOTATION]).get(index)
+        line = stack.wait_for(lambda: stack.cp.kubectl("-n", KUEUE_NAMESPACE, "logs", pod_name,
+                                                       "--tail=1").stdout.strip(), 15, f"{pod_name}'s log")
+        gpus = pod["spec"]["containers"][0].get("resources", {}).get("requests", {}).get("gpu-scheduler.io/gpu")
+        node = pod["spec"].get("nodeName")
+        want = f"{entry.node}:{entry.visible_devices}" if entry else "no entry"
+        print(f"    {pod_name:<16} index {index}  entry {want:<10} gpu-scheduler.io/gpu {gpus}  node {node:<6}"
+              f" log: {line}")
+        logged = LOG_LINE.search(line)
+        if entry is None or node != entry.node or not logged or logged.groups() != (entry.node, entry.visible_devices):
+            wrong.append(f"{pod_name} (index {index}): on {node}, logged {line!r}; its entry is {want}")
+    return pods, "; ".join(wrong) or None
+
+
+def kueue_demo(stack: LocalStack) -> str | None:
+    """--workload kueue on a running stack. None, or what failed."""
+    queues, _ = kueue_documents()
+    first, second = kueue_job(FIRST, "0,1"), kueue_job(SECOND, "2,3")
+    step(f"kubectl create namespace {KUEUE_NAMESPACE} (labelled {KUEUE_NAMESPACE_LABEL}: the namespaces this"
+         f" stack's Kueue manages);\n    kubectl apply -f examples/kueue/queues.yaml   (ResourceFlavor, ClusterQueue"
+         f" gpus: gpu-scheduler.io/gpu 8; LocalQueue team)")
+    stack.create_namespace(KUEUE_NAMESPACE, labels=KUEUE_NAMESPACE_LABEL)
+    for document in queues:
+        print(stack.apply(document), end="")
+    stack.wait_for(lambda: condition_of(json.loads(stack.cp.get(f"{KUEUE_API}/clusterqueues/gpus")),
+                                        "Active").get("status") == "True", 60, "ClusterQueue gpus Active")
+    step(f"kubectl apply: Job {FIRST} (examples/kueue/job.yaml, the check container): 4 pods × 2 GPUs, map\n"
+         + "".join(f"      {line}\n" for line in first["spec"]["template"]["metadata"]["annotations"][MAP_ANNOTATION]
+                   .strip().splitlines()))
+    applied = time.monotonic()
+    print(stack.apply(first), end="")
+    template = get_job(stack, FIRST)["spec"]["template"]
+    step(f"What mutate wrote on Job {FIRST}'s template (Kueue counts templates × pods)")
+    print(f"    requests {json.dumps(template['spec']['containers'][0]['resources']['requests'])}")
+    print(f"    annotation gpu-scheduler/template-counts: "
+          f"{template['metadata']['annotations'].get('gpu-scheduler/template-counts')}")
+    try:
+        _, wrong = kueue_running(stack, first, ("the apply", applied))
+    except TimeoutError as failed:
+        print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "workloads,jobs,pods", "-o", "wide").stdout, end="")
+        return str(failed)
+    if wrong:
+        return wrong
+    step(f"kubectl apply: Job {SECOND}, the same but GPUs 2,3 of each node (free: only the queue can hold it back)")
+    print(stack.apply(second), end="")
+
+    def ran_early():
+        early = stack.pods(KUEUE_NAMESPACE, f"{JOB_NAME_LABEL}={SECOND}")
+        if early:
+            raise RanEarly(", ".join(p["metadata"]["name"] for p in early))
+
+    def pending():
+        ran_early()
+        workload = workload_of(stack, SECOND)
+        reserved = condition_of(workload, "QuotaReserved")
+        return (workload, reserved) if reserved.get("status") == "False" and reserved.get("reason") == "Pending" else None
+    try:
+        workload, reserved = stack.wait_for(pending, 60, f"the Workload of Job {SECOND} Pending")
+        time.sleep(5)  # and still held back a while later
+        ran_early()
+    except RanEarly as early:
+        return f"pods of Job {SECOND} exist while Job {FIRST} holds the queue's 8 GPUs: {early}"
+    except TimeoutError as failed:
+        print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "workloads,jobs,pods", "-o", "wide").stdout, end="")
+        return str(failed)
+    step(f"kubectl -n {KUEUE_NAMESPACE} get workloads,jobs,pods   ({SECOND}: Workload pending, Job suspended, no pod)")
+    print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "workloads,jobs,pods").stdout, end="")
+    print(f"    Workload {workload['metadata']['name']}: QuotaReserved {reserved['status']} ({reserved['reason']}):"
+          f" {reserved['message']}")
+    print(f"    Job {SECOND}: suspend {get_job(stack, SECOND)['spec'].get('suspend')}")
+    usage = json.loads(stack.cp.get(f"{KUEUE_API}/clusterqueues/gpus")).get("status", {})
+    reserved_gpus = [r["total"] for f in usage.get("flavorsReservation") or [] for r in f["resources"]
+                     if r["name"] == "gpu-scheduler.io/gpu"]
+    print(f"    ClusterQueue gpus: gpu-scheduler.io/gpu reserved {'+'.join(reserved_gpus) or 0} of 8;"
+          f" workloads admitted {usage.get('admittedWorkloads')}, pending {usage.get('pendingWorkloads')}")
+    step(f"kubectl -n {KUEUE_NAMESPACE} delete job {FIRST}   (its 8 GPUs back to the queue)")
+    deleted = time.monotonic()
+    print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "delete", "job", FIRST, "--wait=false").stdout, end="")
+    try:
+        _, wrong = kueue_running(stack, second, (f"Job {FIRST}'s deletion", deleted))
+    except TimeoutError as failed:
+        print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "workloads,jobs,pods", "-o", "wide").stdout, end="")
+        return str(failed)
+    step(f"kubectl -n {KUEUE_NAMESPACE} get workloads")
+    print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "get", "workloads").stdout, end="")
+    print(stack.cp.kubectl("-n", KUEUE_NAMESPACE, "delete", "job", SECOND, "--wait=false").stdout, end="")
+    return wrong
+
+
+def main_kueue() -> int:
+    """--workload kueue."""
+    step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
+    ensure_built()
+    step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
+         "node1..node4 (a kubelet and a containerd each);\n    the real Kueue and its webhooks; "
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+    started = time.monotonic()
+    with LocalStack(real_nodes=True, workloads=("kueue",)) as stack:
+        print(f"    up in {time.monotonic() - started:.1f}s (Kueue in {stack.workloads.started_seconds:.1f}s);"
+              f" API server {stack.cp.server}")
+        print("    " + "; ".join(stack.cp.versions()))
+        print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        failure = kueue_demo(stack)
+        step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
+        nodes = stack.nodes
+        processes = list(stack.cp.processes.values())
+    return torn_down(nodes, processes, failure)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcp.demo", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
@@ -420,10 +611,13 @@ def main(argv=None) -> int:
                       help="the seed as a gang: blocked whole by a workload holding node4's GPU 3, then placed whole")
     mode.add_argument("--preempt", action="store_true",
                       help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
-    mode.add_argument("--workload", choices=sorted(WORKLOADS),
+    mode.add_argument("--workload", choices=sorted([*WORKLOADS, "kueue"]),
                       help="instead of the seed, the example JobSet (examples/jobset-torchrun.yaml) or"
-                           " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller")
+                           " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller; kueue:"
+                           " two pinned Jobs (examples/kueue/) through one ClusterQueue of 8 GPUs")
     args = parser.parse_args(argv)
+    if args.workload == "kueue":
+        return main_kueue()
     if args.workload:
         return main_workload(args.workload)
     failure = None

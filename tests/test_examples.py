@@ -201,3 +201,60 @@ def test_the_demo_runs_the_example_with_the_check_container(workload):
         assert changed["spec"]["schedulerName"] == shipped["spec"]["schedulerName"]
         assert changed["spec"].get("restartPolicy") == ("Never" if workload == "jobset" else None)
     assert demo.pod_count(ran) == 4
+
+
+def kueue_example(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / "kueue" / name).read_text()) if d]
+
+
+def test_the_kueue_example_queues_the_job_by_the_gpus_it_pins():
+    """examples/kueue/: the job's map has an entry for each completion index, each on its own node;
+    its LocalQueue leads to a ClusterQueue covering gpu-scheduler.io/gpu and every resource the
+    job's container requests (else Kueue refuses the workload), and the GPUs mutate writes on the
+    template × the job's pods are the ClusterQueue's 8: one such job at a time."""
+    from gpu_scheduler.quota import GPU_RESOURCE
+    from gpu_scheduler.schedmap import parse_map
+    from gpu_scheduler.templatecount import template_counts
+
+    kinds = {d["kind"]: d for d in kueue_example("queues.yaml")}
+    assert sorted(kinds) == ["ClusterQueue", "LocalQueue", "ResourceFlavor"]
+    [job] = kueue_example("job.yaml")
+    spec, template = job["spec"], job["spec"]["template"]
+    assert (job["kind"], spec["completionMode"]) == ("Job", "Indexed")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == kinds["LocalQueue"]["metadata"]["name"]
+    assert kinds["LocalQueue"]["spec"]["clusterQueue"] == kinds["ClusterQueue"]["metadata"]["name"]
+    text = template["metadata"]["annotations"]["gpu-scheduling-map"]
+    entries = parse_map(text)
+    assert sorted(entries) == list(range(spec["completions"])) and spec["parallelism"] == spec["completions"]
+    assert len({entries[i].node for i in entries}) == len(entries)
+    assert template["spec"]["schedulerName"] == "gpu-scheduler"
+    [group] = kinds["ClusterQueue"]["spec"]["resourceGroups"]
+    [flavor] = group["flavors"]
+    assert flavor["name"] == kinds["ResourceFlavor"]["metadata"]["name"]
+    assert "nodeLabels" not in kinds["ResourceFlavor"].get("spec", {})  # the map chooses the nodes
+    quota = {r["name"]: r["nominalQuota"] for r in flavor["resources"]}
+    assert set(quota) == set(group["coveredResources"])
+    requested = {name for c in template["spec"]["containers"] for name in (c.get("resources") or {}).get("requests", {})}
+    assert requested | {GPU_RESOURCE} <= set(group["coveredResources"])
+    counts = template_counts(text, None)
+    assert int(counts[GPU_RESOURCE]) * spec["parallelism"] == int(quota[GPU_RESOURCE]) == 8
+
+
+def test_the_kueue_demo_runs_two_of_the_example_job_on_other_gpus():
+    """make demo WORKLOAD=kueue: the example job twice, the check container, GPUs 0,1 and 2,3 of the
+    same nodes (only the queue separates them), the queue label and counts kept."""
+    from gpu_scheduler.schedmap import parse_map
+    from localcp import demo
+
+    [example] = kueue_example("job.yaml")
+    first, second = demo.kueue_job(demo.FIRST, "0,1"), demo.kueue_job(demo.SECOND, "2,3")
+    [seed_container] = yaml.safe_load(demo.SEED.read_text())["spec"]["template"]["spec"]["containers"]
+    maps = [parse_map(j["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"]) for j in (first, second)]
+    assert maps[0] == parse_map(example["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"])
+    assert [e.node for e in maps[0].values()] == [e.node for e in maps[1].values()]
+    assert {e.visible_devices for e in maps[0].values()} == {"0,1"}
+    assert {e.visible_devices for e in maps[1].values()} == {"2,3"}
+    for job in (first, second):
+        assert job["metadata"]["labels"] == example["metadata"]["labels"]
+        assert job["spec"]["template"]["spec"]["containers"] == [seed_container]
+        assert job["spec"]["parallelism"] == example["spec"]["parallelism"]
