@@ -183,8 +183,36 @@ class WorkloadControllers:
             self._register_webhooks(running)
         for running in self.running:
             self._wait_webhooks_called(running)
+        if any(c.kind == "kueue" for c in self.controllers):
+            self._wait_collected()
         self.started_seconds = time.monotonic() - began
         return self
+
+    def _wait_collected(self, timeout: float = 90) -> None:
+        """Until the garbage collector collects Kueue's objects: a Workload goes when its owner (a
+        Job, a StatefulSet and its pods, ...) is gone, and only that frees its quota. The collector
+        watches a new CRD's objects from its next discovery resync (every 30 s in the controller
+        manager); before, a deleted workload's Workload would stay, admitted. Probe: a LocalQueue
+        owned by a ConfigMap, the ConfigMap deleted, until the LocalQueue is collected."""
+        owner = json.loads(self.cp.request("POST", "/api/v1/namespaces/default/configmaps",
+                                           {"metadata": {"name": "kueue-gc-probe"}}))
+        queues = f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/default/localqueues"
+        self.cp.request("POST", queues, {
+            "apiVersion": f"{KUEUE_GROUP}/v1beta2", "kind": "LocalQueue", "metadata": {
+                "name": "gc-probe", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                                         "name": "kueue-gc-probe", "uid": owner["metadata"]["uid"]}]},
+            "spec": {"clusterQueue": "none"}})
+        self.cp.request("DELETE", "/api/v1/namespaces/default/configmaps/kueue-gc-probe")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.cp.request("GET", f"{queues}/gc-probe")
+            except urllib.error.HTTPError as error:
+                if error.code == 404:
+                    return
+                raise
+            time.sleep(0.5)
+        raise TimeoutError(f"the garbage collector did not collect a LocalQueue within {timeout} s")
 
     def _apply_crds(self) -> None:
         names = []

@@ -65,34 +65,7 @@ def kueue_stack():
     with LocalStack(workloads=("jobset", "lws", "kueue"), event_source=False) as running:
         custom(running).create_cluster_custom_object(KUEUE, V, "resourceflavors", {
             "apiVersion": f"{KUEUE}/{V}", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}})
-        collecting_kueue_objects(running)
         yield running
-
-
-def collecting_kueue_objects(stack, timeout: float = 90) -> None:
-    """Until the garbage collector collects Kueue's objects: a Workload goes when its owners (a
-    StatefulSet and its pods, a Job, ...) are gone, and only that frees its quota. The collector
-    starts watching a new CRD's objects at its next discovery resync (up to 30 s after the stack's
-    CRDs were applied); before, a deleted workload's Workload would stay, admitted. A LocalQueue
-    owned by a ConfigMap, the ConfigMap deleted: the LocalQueue collected."""
-    began = time.monotonic()
-    owner = stack.api.create_namespaced_config_map("default", {"metadata": {"name": "kueue-gc-probe"}})
-    custom(stack).create_namespaced_custom_object(KUEUE, V, "default", "localqueues", {
-        "apiVersion": f"{KUEUE}/{V}", "kind": "LocalQueue", "metadata": {"name": "gc-probe", "ownerReferences": [{
-            "apiVersion": "v1", "kind": "ConfigMap", "name": "kueue-gc-probe", "uid": owner.metadata.uid}]},
-        "spec": {"clusterQueue": "none"}})
-    stack.api.delete_namespaced_config_map("kueue-gc-probe", "default")
-
-    def collected() -> bool:
-        try:
-            custom(stack).get_namespaced_custom_object(KUEUE, V, "default", "localqueues", "gc-probe")
-        except ApiException as error:
-            if error.status == 404:
-                return True
-            raise
-        return False
-    stack.wait_for(collected, timeout, "the garbage collector collecting a LocalQueue", interval=0.5)
-    print(f"\nthe garbage collector collects Kueue's objects ({time.monotonic() - began:.1f} s after the stack was up)")
 
 
 def custom(stack) -> client.CustomObjectsApi:
