@@ -24,8 +24,8 @@ from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warni
 from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
-from .quota import QuotaDodge, check_not_written, quota_requests
-from .templatecount import TOPOLOGY_ANNOTATIONS, WORKLOAD_RESOURCES, declared, pod_templates, resources_patch, workload_patch
+from .quota import QuotaDodge, check_not_written, quota_requests, resources_patch
+from .templatecount import TOPOLOGY_ANNOTATIONS, WORKLOAD_RESOURCES, declared, pod_templates, workload_patch
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 from .workloads import WorkloadUnreadable, jobset_annotations, jobset_pod
 

@@ -96,22 +96,21 @@ def check_not_written(pod: Mapping[str, Any], wanted: Mapping[str, str],
             f" counts the GPUs the pod pins: remove it from the pod's template")
 
 
-def patch_for_requests(pod: Mapping[str, Any], wanted: Mapping[str, str]) -> list[dict[str, Any]]:
-    """JSONPatch operations setting `wanted` as requests and limits of the first container; empty
-    when they are there already (applying the patch twice, or reinvocation, adds nothing more)."""
-    containers = _map(pod.get("spec")).get("containers")
-    if not isinstance(containers, list) or not containers or not isinstance(containers[0], dict):
-        return []
-    path = "/spec/containers/0/resources"
-    resources = containers[0].get("resources")
-    if not isinstance(resources, dict):
+def resources_patch(path: str, resources: Any, wanted: Mapping[str, str]) -> list[dict[str, Any]]:
+    """JSONPatch operations that make the quota resources of a container's `resources` (at `path`)
+    exactly `wanted`, in requests and limits alike (others of ours removed: a template's count for
+    another GPU type, templatecount.py), the container's own resources kept; empty when they are so
+    already (applying the patch twice, or reinvocation, adds nothing more)."""
+    if not isinstance(resources, Mapping):
         return [{"op": "add", "path": path, "value": {"requests": dict(wanted), "limits": dict(wanted)}}]
     ops = []
     for kind in ("requests", "limits"):
         current = resources.get(kind)
-        if not isinstance(current, dict):
+        if not isinstance(current, Mapping):
             ops.append({"op": "add", "path": f"{path}/{kind}", "value": dict(wanted)})
             continue
+        ops += [{"op": "remove", "path": f"{path}/{kind}/{_escape(name)}"} for name in current
+                if isinstance(name, str) and is_quota_resource(name) and name not in wanted]
         ops += [{"op": "add", "path": f"{path}/{kind}/{_escape(name)}", "value": value}
                 for name, value in wanted.items() if current.get(name) != value]
     return ops

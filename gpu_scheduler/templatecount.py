@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Mapping
 
 from . import ANNOTATION
-from .quota import GPU_RESOURCE, is_quota_resource, product_resource
+from .quota import GPU_RESOURCE, is_quota_resource, product_resource, resources_patch
 from .schedmap import MapError, parse_map
 from .shapes import as_map, as_maps
 
@@ -108,24 +108,6 @@ def template_patch(pointer: str, template: Mapping[str, Any], counts: Mapping[st
     if not isinstance(containers, list) or not containers or not isinstance(containers[0], Mapping):
         return ops
     return ops + resources_patch(f"{pointer}/spec/containers/0/resources", containers[0].get("resources"), counts)
-
-
-def resources_patch(path: str, resources: Any, wanted: Mapping[str, str]) -> list[dict[str, Any]]:
-    """JSONPatch operations that make the quota resources of a container's `resources` (at `path`)
-    exactly `wanted`, in requests and limits alike; other resources kept."""
-    if not isinstance(resources, Mapping):
-        return [{"op": "add", "path": path, "value": {"requests": dict(wanted), "limits": dict(wanted)}}]
-    ops = []
-    for kind in ("requests", "limits"):
-        current = resources.get(kind)
-        if not isinstance(current, Mapping):
-            ops.append({"op": "add", "path": f"{path}/{kind}", "value": dict(wanted)})
-            continue
-        ops += [{"op": "remove", "path": f"{path}/{kind}/{_escape(name)}"} for name in current
-                if isinstance(name, str) and is_quota_resource(name) and name not in wanted]
-        ops += [{"op": "add", "path": f"{path}/{kind}/{_escape(name)}", "value": value}
-                for name, value in wanted.items() if current.get(name) != value]
-    return ops
 
 
 def workload_patch(obj: Mapping[str, Any], product_of: Callable[[str], str | None] | None) -> list[dict[str, Any]]:
