@@ -22,6 +22,7 @@ from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
 from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
 from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
+from .fit import GANG_ANNOTATION
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
 from .quota import QuotaDodge, check_not_written, quota_requests, resources_patch
@@ -342,10 +343,35 @@ def decide_workload(obj: Mapping[str, Any], quota: bool,
         refusal = _topology_refusal(template)
         if refusal is not None:
             return refusal
+    warnings = tuple(f"{SCHEDULER_NAME}: {warning}" for warning in gang_never_forms(obj))
     if not quota:
-        return Decision(True, reason="QuotaOff")
+        return Decision(True, (), warnings, reason="QuotaOff")
     patch = workload_patch(obj, product_of)
-    return Decision(True, tuple(patch), reason="TemplateCounted" if patch else "NoTemplateChange")
+    return Decision(True, tuple(patch), warnings, reason="TemplateCounted" if patch else "NoTemplateChange")
+
+
+def gang_never_forms(obj: Mapping[str, Any]) -> list[str]:
+    """Why a workload's gang would wait for good: its controller creates some members only once
+    others are Ready, and a gang binds none before all exist (docs/usage.md)."""
+    spec_ = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    gang = any(metadata(t).get("annotations", {}).get(GANG_ANNOTATION) not in (None, "false")
+               for _, t in pod_templates(obj) if isinstance(metadata(t).get("annotations"), Mapping))
+    if not gang:
+        return []
+    kind = obj.get("kind")
+    if kind == "LeaderWorkerSet" and spec_.get("startupPolicy") == "LeaderReady":
+        return ["startupPolicy LeaderReady creates a group's workers only once its leader is Ready, and"
+                f" {GANG_ANNOTATION} places none of the group before all exist: the group would wait for good;"
+                " use startupPolicy LeaderCreated (the default), or no gang"]
+    if kind == "JobSet":
+        startup = spec_.get("startupPolicy") if isinstance(spec_.get("startupPolicy"), Mapping) else {}
+        jobs = spec_.get("replicatedJobs") if isinstance(spec_.get("replicatedJobs"), list) else []
+        if startup.get("startupPolicyOrder") == "InOrder" or any(isinstance(j, Mapping) and j.get("dependsOn")
+                                                                  for j in jobs):
+            return ["startupPolicy InOrder (or dependsOn) creates a replicated job only once another is ready, and"
+                    f" {GANG_ANNOTATION} places none of the JobSet before all exist: it would wait for good;"
+                    " use AnyOrder without dependsOn, or no gang"]
+    return []
 
 
 def response_for(review: Review, decision: Decision) -> dict[str, Any]:

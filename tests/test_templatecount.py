@@ -108,3 +108,19 @@ def test_a_map_beside_kueues_topology_aware_scheduling_is_refused(key):
     assert key in decision.message and "gpu-scheduling-map" in decision.message
     decision = decide(review(a_pod_of(tmpl, 0), "pods", pod=True), quota=True)
     assert not decision.allowed and decision.reason == "TopologyAwareScheduling"
+
+
+@pytest.mark.parametrize("kind, spec, warned", [
+    ("LeaderWorkerSet", {"startupPolicy": "LeaderReady"}, True),
+    ("LeaderWorkerSet", {"startupPolicy": "LeaderCreated"}, False),
+    ("JobSet", {"startupPolicy": {"startupPolicyOrder": "InOrder"}}, True),
+    ("JobSet", {"startupPolicy": {"startupPolicyOrder": "AnyOrder"}}, False),
+])
+def test_a_gang_whose_controller_waits_for_ready_members_is_warned_about(kind, spec, warned):
+    obj = workloads()[kind]
+    for _, tmpl in pod_templates(obj):
+        tmpl["metadata"].setdefault("annotations", {})["gpu-scheduler/gang"] = "true"
+    obj["spec"].update(spec)
+    decision = decide(review(obj, kind.lower() + "s"), quota=True)
+    assert decision.allowed
+    assert bool([w for w in decision.warnings if "would wait for good" in w]) is warned
