@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, release_namespace, sample
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from gpu_scheduler.quota import is_quota_resource
+from gpu_scheduler.templatecount import TEMPLATE_COUNTS
 from localcp.eventsource import (
     RETRY_DELAYS, ApiServerSource, Sender, SourceConfigError, apiserversource_manifest, cloudevent_headers,
     label_selector_string, ping_headers, pod_watches, rfc3339_nano, source_config,
@@ -222,24 +223,30 @@ _VOLATILE_KEYS = {"uid", "resourceVersion", "creationTimestamp", "deletionTimest
 
 def _mutate_since(key: str) -> bool:
     """Written by mutate since the captures were made: the requests and limits a ResourceQuota
-    counts (gpu_scheduler/quota.py), and their managed-fields entries. mutate's doing, not the
-    event source's; the captures stay as the adapter sent them."""
-    return is_quota_resource(key.removeprefix("f:"))
+    counts (gpu_scheduler/quota.py), the template's count for Kueue (templatecount.py: the pods of
+    a counted template carry its annotation), and their managed-fields entries. mutate's doing,
+    not the event source's; the captures stay as the adapter sent them."""
+    key = key.removeprefix("f:")
+    return is_quota_resource(key) or key == TEMPLATE_COUNTS
 
 
 def _shape(value, key: str = ""):
     """The object with what differs between two runs (ids, times, random suffixes, the
     namespace) replaced by placeholders: the rest must be equal, field by field."""
     if isinstance(value, dict):
-        shaped = {}
+        shaped, dropped = {}, False
         for k, v in value.items():
             if k == _BIND_RECORD or _mutate_since(k):
+                dropped = True
                 continue
             inner = _shape(v, k)
             if inner == {} and v != {} and k.removeprefix("f:") in ("requests", "limits"):
+                dropped = True
                 continue  # held only what mutate adds now: the capture's container had no requests
             shaped[UUID.sub("<uuid>", k)] = inner
-        return shaped
+        # A managed-fields map left with only its own "." entry held only what mutate adds now
+        # (a container's resources, from a counted template): as the capture's, empty.
+        return {} if dropped and shaped == {".": {}} else shaped
     if isinstance(value, list):
         return [_shape(v, key) for v in value]
     if key in _VOLATILE_KEYS or key.endswith("controller-uid"):
