@@ -33,22 +33,17 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from localcp.stack import LocalStack
 from localcp.workloads import KUEUE_NAMESPACE_LABEL
 from tests.conftest import release_namespace
 from tests.test_end_to_end import env_of
+from tests.test_kueue_controller_cluster import GATE, GPU, KUEUE, QUEUE_LABEL, V, condition, custom
 from tests.test_pending_reasons_cluster import failed_scheduling
 
 pytestmark = pytest.mark.controlplane
 
-KUEUE = "kueue.x-k8s.io"
-V = "v1beta2"
-QUEUE_LABEL = f"{KUEUE}/queue-name"
-GATE = f"{KUEUE}/admission"
-GPU = "gpu-scheduler.io/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
 H100_RESOURCE, A100_RESOURCE = f"product.gpu-scheduler.io/{H100}", f"product.gpu-scheduler.io/{A100}"
@@ -66,14 +61,6 @@ def kueue_stack():
         custom(running).create_cluster_custom_object(KUEUE, V, "resourceflavors", {
             "apiVersion": f"{KUEUE}/{V}", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}})
         yield running
-
-
-def custom(stack) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(stack.api_client)
-
-
-def condition(obj: dict, kind: str) -> dict | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
 class Queues:

@@ -22,11 +22,10 @@ from localcp.stack import LocalStack
 from localcp.workloads import KUEUE_NAMESPACE_LABEL
 from tests.conftest import release_namespace
 from tests.test_end_to_end import env_of
+from tests.test_kueue_controller_cluster import GPU, KUEUE, V, condition, custom
 
 pytestmark = pytest.mark.controlplane
 
-KUEUE, V = "kueue.x-k8s.io", "v1beta2"
-GPU = "gpu-scheduler.io/gpu"
 MAP = "0=node1:0,1\n1=node2:0,1\n2=node3:0,1\n3=node4:0,1\n"
 
 
@@ -34,14 +33,6 @@ MAP = "0=node1:0,1\n1=node2:0,1\n2=node3:0,1\n3=node4:0,1\n"
 def kueue_stack():
     with LocalStack(workloads=("kueue",)) as running:
         yield running
-
-
-def custom(stack) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(stack.api_client)
-
-
-def condition(obj: dict, kind: str) -> dict:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +48,8 @@ def queue(kueue_stack):
     for name, value in (("low", 100), ("high", 1000)):
         api.create_cluster_custom_object(KUEUE, V, "workloadpriorityclasses", {
             "apiVersion": f"{KUEUE}/{V}", "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value})
-    kueue_stack.wait_for(lambda: condition(api.get_cluster_custom_object(KUEUE, V, "clusterqueues", "preempting"),
-                                           "Active").get("status") == "True", 60, "ClusterQueue Active")
+    kueue_stack.wait_for(lambda: (condition(api.get_cluster_custom_object(KUEUE, V, "clusterqueues", "preempting"),
+                                            "Active") or {}).get("status") == "True", 60, "ClusterQueue Active")
     yield "preempting"
     api.delete_cluster_custom_object(KUEUE, V, "clusterqueues", "preempting")
     for name in ("low", "high"):
