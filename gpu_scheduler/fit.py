@@ -20,8 +20,8 @@ from typing import Any
 from . import ANNOTATION, SCHEDULER_NAME
 from .shapes import as_map as _map
 from .shapes import as_maps as _list
-from .placement import NotPlaceable, map_text, metadata, resolve, spec
-from .podindex import JOBSET_NAME_LABEL, LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
+from .placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, map_text, metadata, resolve, spec  # noqa: F401
+from .podindex import JOBSET_NAME_LABEL, LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, is_pool
 from .schedmap import Placement
 
 # -- names users know -----------------------------------------------------------------------------
@@ -35,7 +35,12 @@ GANG_ANNOTATION = "gpu-scheduler/gang"
 SHARE_ANNOTATION = "gpu-scheduler/share-gpus"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # Workloads whose pods their controllers label with the workload's name (fit.workload).
-WORKLOAD_LABELS = (("JobSet", JOBSET_NAME_LABEL), ("LeaderWorkerSet", LWS_NAME_LABEL))
+# A Knative Service's pods: every revision's (each its own Deployment) share one pool.
+WORKLOAD_LABELS = (("JobSet", JOBSET_NAME_LABEL), ("LeaderWorkerSet", LWS_NAME_LABEL),
+                   ("Service", "serving.knative.dev/service"))
+# A ReplicaSet's pods belong to the ReplicaSet's owner, whose name the ReplicaSet's is, plus
+# "-<the template hash label's value>": the pods of every ReplicaSet of a rollout share one pool.
+REPLICASET_OWNERS = (("pod-template-hash", "Deployment"), ("rollouts-pod-template-hash", "Rollout"))
 CPU, MEMORY, EPHEMERAL, PODS = "cpu", "memory", "ephemeral-storage", "pods"
 # Pod-level resources (spec.resources, beta in 1.34) replace the containers' sum for these only.
 POD_LEVEL_RESOURCES = (CPU, MEMORY)
@@ -183,9 +188,30 @@ def workload(pod: Mapping[str, Any]) -> tuple[str, ...]:
             return ("owner", namespace, kind, name)
     for owner in _list(meta.get("ownerReferences")):
         if owner.get("controller") is True:
-            return ("owner", namespace, str(owner.get("kind")), str(owner.get("name")))
+            kind, name = str(owner.get("kind")), str(owner.get("name"))
+            if kind == "ReplicaSet":
+                kind, name = _replicaset_owner(labels, name)
+            return ("owner", namespace, kind, name)
     text = map_text(pod)
     return ("map", namespace, text if isinstance(text, str) else "")
+
+
+def _replicaset_owner(labels: Mapping[str, Any], name: str) -> tuple[str, str]:
+    """The Deployment (or Argo Rollout) a ReplicaSet of `name` belongs to, known from the pod's
+    template-hash label; the ReplicaSet itself when the name does not end in it (a bare ReplicaSet)."""
+    for label, kind in REPLICASET_OWNERS:
+        digest = labels.get(label)
+        if isinstance(digest, str) and digest and name.endswith(f"-{digest}"):
+            return kind, name[: -len(digest) - 1]
+    return "ReplicaSet", name
+
+
+def pool_entry(pod: Mapping[str, Any]) -> int | None:
+    """The pool entry a pool pod holds (its Binding's annotation), or None."""
+    value = _map(metadata(pod).get("annotations")).get(ENTRY_ANNOTATION)
+    if isinstance(value, str) and value.isdigit() and len(value) <= 10 and is_pool(metadata(pod)):
+        return int(value)
+    return None
 
 
 def gang_key(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -240,7 +266,7 @@ class PodInfo:
     # status.startTime (epoch seconds): of two victims of equal priority the longer-running is the more
     # important, as kube-scheduler's util.MoreImportantPod; a pod not started counts as started now.
     started: float = math.inf
-
+    entry: int | None = None  # the pool entry it holds (pool pods: plugins/poolentry.py)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInfo":
@@ -250,7 +276,7 @@ class PodInfo:
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                    bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
-                   gang_key(pod), _grace_seconds(pod), _start_time(pod))
+                   gang_key(pod), _grace_seconds(pod), _start_time(pod), pool_entry(pod))
 
 
 def _grace_seconds(pod: Mapping[str, Any]) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import ANNOTATION
-from .podindex import IndexUnknown, pod_index
+from .podindex import IndexUnknown, is_pool, pod_index
 from .schedmap import MapError, Placement, parse_map
 
 # Reasons a pod carrying the annotation cannot be placed. All are permanent for that pod
@@ -14,6 +14,13 @@ from .schedmap import MapError, Placement, parse_map
 MALFORMED_MAP = "MalformedMap"
 UNKNOWN_INDEX = "UnknownIndex"
 NO_ENTRY = "NoMapEntry"
+# A pool pod (podindex.is_pool) that bind has not given an entry yet: it has none of its own.
+POOL_UNASSIGNED = "PoolUnassigned"
+# Written on a pool pod by its Binding (with gpu-scheduler/devices): the map index of the entry
+# bind gave it, which holds that entry for the pod's workload while the pod lives; and the
+# ordinals its containers see its devices by where they see only those (nvidia and dra modes).
+ENTRY_ANNOTATION = "gpu-scheduler/entry"
+ORDINALS_ANNOTATION = "gpu-scheduler/device-ordinals"
 
 
 # Not frozen: Python assigns __traceback__/__notes__ on exceptions (contextlib, add_note), and a
@@ -53,6 +60,20 @@ class Resolved:
     placement: Placement
     entries: Mapping[int, Placement]
     map_text: str = ""
+    pooled: bool = False  # a pool's entry, chosen by bind (not the pod's own index)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool pod's map: every entry is a candidate; bind gives the pod the first free one that fits."""
+
+    entries: Mapping[int, Placement]
+    map_text: str
+
+    def candidates(self) -> tuple[Resolved, ...]:
+        """Each entry as the pod would hold it, in map order."""
+        return tuple(Resolved(i, self.entries[i], self.entries, self.map_text, pooled=True)
+                     for i in sorted(self.entries))
 
 
 def _listing(indexes: list[int], shown: int = 10) -> str:
@@ -60,13 +81,43 @@ def _listing(indexes: list[int], shown: int = 10) -> str:
     return head if len(indexes) <= shown else f"{head}, ... ({len(indexes)} entries)"
 
 
-def resolve(pod: Mapping[str, Any]) -> Resolved:
-    """Where a pod that carries the annotation goes, or NotPlaceable saying why not."""
+def _entries(pod: Mapping[str, Any]) -> tuple[str, Mapping[int, Placement]]:
     text = map_text(pod)
     try:
-        entries = parse_map(text)
+        return text, parse_map(text)
     except MapError as error:
         raise NotPlaceable(MALFORMED_MAP, str(error)) from None
+
+
+def pool_of(pod: Mapping[str, Any]) -> Pool | None:
+    """The pod's pool when it is a pool pod (podindex.is_pool), else None; NotPlaceable for a
+    malformed map."""
+    if not is_pool(metadata(pod)):
+        return None
+    text, entries = _entries(pod)
+    return Pool(entries, text)
+
+
+def _given_entry(pod: Mapping[str, Any], entries: Mapping[int, Placement], text: str) -> Resolved:
+    """The entry bind gave a pool pod (its Binding's annotation), or NotPlaceable."""
+    annotations = metadata(pod).get("annotations")
+    given = annotations.get(ENTRY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not isinstance(given, str) or not given.isdigit() or len(given) > 10:
+        raise NotPlaceable(POOL_UNASSIGNED, "the pod takes a free entry of its map's pool, which bind chooses when it"
+                                            " binds the pod; it has none yet")
+    index = int(given)
+    if index not in entries:
+        raise NotPlaceable(NO_ENTRY, f"the pod holds pool entry {index}, which the map no longer has"
+                                     f" (entries: {_listing(sorted(entries))})")
+    return Resolved(index, entries[index], entries, text, pooled=True)
+
+
+def resolve(pod: Mapping[str, Any]) -> Resolved:
+    """Where a pod that carries the annotation goes, or NotPlaceable saying why not. A pool pod's
+    is the entry its Binding recorded (POOL_UNASSIGNED before)."""
+    text, entries = _entries(pod)
+    if is_pool(metadata(pod)):
+        return _given_entry(pod, entries, text)
     try:
         index = pod_index(metadata(pod))
     except IndexUnknown as error:

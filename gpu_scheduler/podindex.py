@@ -15,6 +15,12 @@ The index sources, first that applies wins (INDEX_SOURCES; the README's table re
 A pod with only `generateName` (Deployment pods at admission) has no index yet: we say so and
 never guess. Each source reads the pod's metadata only: bind, mutate, `plan` and `explain` give one
 answer.
+
+A pod that no index source but the name applies to and whose controller is a ReplicaSet
+(Deployments, Knative revisions, Argo Rollouts), or that carries `gpu-scheduler/pool: "true"`, is
+a pool pod (`is_pool`): it has no index, and bind gives it a free entry of its map
+(plugins/poolentry.py). A ReplicaSet's pod never reads its index from its name: its random suffix
+can be all digits.
 """
 from __future__ import annotations
 
@@ -41,6 +47,10 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+# `"true"` on a pod (or its template): the pod takes a free entry of its map instead of one by index.
+POOL_ANNOTATION = "gpu-scheduler/pool"
+# The pods of these controllers have no stable index: they always take an entry of a pool.
+POOL_CONTROLLERS = ("ReplicaSet",)
 _NAME_SUFFIX = re.compile(r"-(0|[1-9][0-9]*)$")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 
@@ -189,6 +199,29 @@ INDEX_SOURCES: tuple[IndexSource, ...] = (
 )
 
 
+# The sources that name an index explicitly; NameSuffix, the fallback, is not one of them.
+_EXPLICIT = tuple(source for source in INDEX_SOURCES if source.name != "NameSuffix")
+
+
+def controller_kind(meta: Mapping[str, Any]) -> str:
+    """The kind of the pod's controller (its ownerReference with controller: true), or ''."""
+    owners = meta.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            return str(owner.get("kind") or "")
+    return ""
+
+
+def is_pool(meta: Mapping[str, Any]) -> bool:
+    """Whether the pod whose `metadata` is `meta` takes a free entry of its map (a pool) rather than
+    the entry of its index: no explicit index source applies, and its controller is a ReplicaSet or
+    it carries `gpu-scheduler/pool: "true"`."""
+    pod = PodMeta.of(meta)
+    if any(source.applies(pod) for source in _EXPLICIT):
+        return False
+    return pod.annotations.get(POOL_ANNOTATION) == "true" or controller_kind(meta) in POOL_CONTROLLERS
+
+
 def index_source(meta: Mapping[str, Any]) -> IndexSource:
     """The source that gives the index of the pod whose `metadata` is `meta`."""
     pod = PodMeta.of(meta)
@@ -196,7 +229,10 @@ def index_source(meta: Mapping[str, Any]) -> IndexSource:
 
 
 def pod_index(meta: Mapping[str, Any]) -> int:
-    """The index of the pod whose `metadata` is `meta`, or IndexUnknown."""
+    """The index of the pod whose `metadata` is `meta`, or IndexUnknown (a pool pod has none)."""
+    if is_pool(meta):
+        raise IndexUnknown("the pod takes a free entry of its map's pool (its controller is a ReplicaSet, or it carries"
+                           f' {POOL_ANNOTATION}: "true"): it has no index of its own')
     pod = PodMeta.of(meta)
     for source in INDEX_SOURCES:
         if source.applies(pod):
