@@ -29,17 +29,20 @@ UNSCHEDULABLE_FLUSH_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class Refused:
-    """Why a pod waits: the plugin that refused it and the node it is pinned to."""
+    """Why a pod waits: the plugin that refused it and the node it is pinned to; for a pod of
+    several candidates (a pool's entries), each other candidate's (plugin, node) in `also`."""
 
     filter: str
     node: str
+    also: tuple[tuple[str, str], ...] = ()
 
 
 def requeues(refused: Refused, event: tuple[str, str], node: str) -> bool:
     """The queueing hint: may `event` on `node` let the refused pod fit now? Only events its
-    filter registered, and only on its own node (a pinned pod has one candidate), or on
-    ANY_NODE."""
-    return node in (refused.node, ANY_NODE) and event in EVENTS_TO_REGISTER.get(refused.filter, frozenset())
+    filter registered, and only on its own node (a pinned pod has one candidate; a pool pod, one
+    per entry), or on ANY_NODE."""
+    return any(node in (on, ANY_NODE) and event in EVENTS_TO_REGISTER.get(plugin, frozenset())
+               for plugin, on in ((refused.filter, refused.node), *refused.also))
 
 
 def backoff_seconds(attempts: int) -> float:

@@ -194,3 +194,79 @@ def is_free(record: Record, pods_on_node: Iterable[PodInfo], now: float, gone: C
     """No holder pod on the node, past its grace and nominated for nobody: the record can be deleted."""
     return (not in_grace(record, now, gone) and live_holder(record, pods_on_node) is None
             and not nomination(record, now, gone))
+
+
+# -- pool entries ---------------------------------------------------------------------------------
+# A pool's entry given to a pod (plugins/poolentry.py): the GPU records cannot guard it, since a
+# workload's own pods may share a device. One Lease per workload and entry, written before the
+# Binding as a device's is, so that two bind instances never give one entry to two pods; it holds
+# the entry until the Binding's `gpu-scheduler/entry` annotation, which then holds it while the pod
+# lives, shows in every view: GRACE_SECONDS, unless its pod is seen deleted.
+POOL_WORKLOAD_KEY, ENTRY_KEY = "gpu-scheduler/pool-workload", "gpu-scheduler/entry"
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    name: str
+    node: str  # the entry's node: the record is seen with that node's snapshot
+    pool: str  # the workload key (workload_key) whose pool it is
+    entry: int
+    written: float
+    resource_version: str
+    last_pod: str = ""
+    last_uid: str = ""
+
+    @classmethod
+    def of(cls, lease: Mapping[str, Any]) -> "EntryRecord | None":
+        """The entry record in a Lease, or None when it is not one (or damaged: it holds nothing)."""
+        meta = _map(lease.get("metadata"))
+        annotations = _map(meta.get("annotations"))
+        node, pool, entry = annotations.get(NODE_KEY), annotations.get(POOL_WORKLOAD_KEY), annotations.get(ENTRY_KEY)
+        if not (isinstance(node, str) and isinstance(pool, str) and isinstance(entry, str) and entry.isdigit()
+                and len(entry) <= 10):
+            return None
+        return cls(str(meta.get("name") or ""), node, pool, int(entry),
+                   _parse_time(_map(lease.get("spec")).get("renewTime")), str(meta.get("resourceVersion") or ""),
+                   str(annotations.get(POD_KEY) or ""), str(annotations.get(POD_UID_KEY) or ""))
+
+
+def entry_record_name(pool: str, entry: int) -> str:
+    """The Lease's name: a digest of the workload and the entry (a workload key is no valid name)."""
+    return "entry-" + hashlib.sha256(f"{pool}\0{entry}".encode()).hexdigest()[:40]
+
+
+def entry_lease_for(node: str, pool: str, entry: int, pod: str, pod_uid: str, now: float,
+                    previous: EntryRecord | None = None) -> dict[str, Any]:
+    """The Lease body giving `entry` of `pool` to `pod`, written at `now`: created, or replacing
+    `previous` at its resourceVersion."""
+    meta: dict[str, Any] = {
+        "name": entry_record_name(pool, entry),
+        "labels": {MANAGED_BY: "gpu-scheduler"},
+        "annotations": {NODE_KEY: node, POOL_WORKLOAD_KEY: pool, ENTRY_KEY: str(entry), POD_KEY: pod,
+                        POD_UID_KEY: pod_uid},
+    }
+    if previous is not None:
+        meta["resourceVersion"] = previous.resource_version
+    return {"apiVersion": LEASE_API, "kind": "Lease", "metadata": meta,
+            "spec": {"holderIdentity": pod[:1024], "leaseDurationSeconds": GRACE_SECONDS,
+                     "acquireTime": _time(now), "renewTime": _time(now)}}
+
+
+def entry_holder(record: EntryRecord, pods_on_node: Iterable[PodInfo]) -> PodInfo | None:
+    """The live pod on the entry's node that holds the entry (its Binding's annotation), if any."""
+    for pod in pods_on_node:
+        if pod.entry == record.entry and workload_key(pod.workload) == record.pool:
+            return pod
+    return None
+
+
+def entry_in_grace(record: EntryRecord, now: float, gone: Container[str] = frozenset()) -> bool:
+    """Written for a pod within GRACE_SECONDS, and that pod not seen deleted: its Binding may have
+    happened, and not yet be in this instance's view."""
+    return now - record.written < GRACE_SECONDS and not (record.last_uid and record.last_uid in gone)
+
+
+def entry_is_free(record: EntryRecord, pods_on_node: Iterable[PodInfo], now: float,
+                  gone: Container[str] = frozenset()) -> bool:
+    """Past its grace and no live pod holds the entry: the record can be deleted."""
+    return not entry_in_grace(record, now, gone) and entry_holder(record, pods_on_node) is None

@@ -125,7 +125,7 @@ def test_one_profile_names_every_plugin_once():
     profile_ = new_framework().profile
     assert len({id(p) for p in profile_.plugins()}) == len({p.name for p in profile_.plugins()})
     assert [p.name for p in profile_.filter][:3] == ["NodeExists", "NodeUnschedulable", "NodeReady"]
-    assert [p.name for p in profile_.reserve] == ["GPUsHeld", "DynamicResources"] and {p.name for p in profile_.bind} == {"DefaultBinder"}
+    assert [p.name for p in profile_.reserve] == ["PoolEntry", "GPUsHeld", "DynamicResources"] and {p.name for p in profile_.bind} == {"DefaultBinder"}
 
 
 def test_mutate_s_image_imports_the_core_without_the_api_client():

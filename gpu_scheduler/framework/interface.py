@@ -127,13 +127,42 @@ class CycleState:
 DEVICES = "Framework/devices"
 
 
+# CycleState key: the annotations the pod's Binding writes on it (the devices it is given, a pool
+# entry), written by the PreFilter plugin choosing them. The pod is assumed with them, so that the
+# cache counts what it holds from assume on, as it will once the watch shows it bound.
+BOUND_ANNOTATIONS = "Framework/bound-annotations"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One place PreFilter offers a pod that may go to any of several (a pool's entries): its node,
+    how refusals name it, and what choosing it writes in the cycle state before Filter runs."""
+
+    node: str
+    label: str
+    writes: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The places a pod may take, in the order to try them: the first that passes every filter is
+    the pod's. When none does, the refusal says `none_fits`, each candidate's reason, and `fix`."""
+
+    options: tuple[Candidate, ...]
+    none_fits: str
+    fix: str = ""
+
+
 @dataclass(frozen=True)
 class PreFilterResult:
     """PreFilter's answer (kube-scheduler's PreFilterResult and Status in one value): the status,
-    and the nodes the pod may go to (None: any; the runtime intersects every plugin's)."""
+    and the nodes the pod may go to (None: any; the runtime intersects every plugin's). A plugin
+    that chooses among places (a pool's entries) names them in `candidates`: the framework tries
+    them in order, on the nodes every plugin allows."""
 
     status: Status = SUCCESS
     node_names: frozenset[str] | None = None
+    candidates: Candidates | None = None
 
 
 ANY_NODE_RESULT = PreFilterResult()

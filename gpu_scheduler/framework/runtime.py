@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .interface import (
-    DEVICES, RETRY, SUCCESS, Cluster, Code, CycleState, PermitStage, PodGroup, PostFilterResult, Refusal, Status,
-    error, unresolvable,
+    BOUND_ANNOTATIONS, DEVICES, RETRY, SUCCESS, Candidates, Cluster, Code, CycleState, PermitStage, PodGroup,
+    PostFilterResult, Refusal, Status, error, unresolvable,
 )
 from ..fit import PodInfo
 from .profile import Profile, Registry, build
@@ -33,6 +33,18 @@ STALE_TRIES = 20  # decisions of one attempt whose node changed before the pod w
 PRE_ENQUEUE, PRE_FILTER, FILTER, POST_FILTER, RESERVE, PERMIT, PRE_BIND, BIND = (
     "PreEnqueue", "PreFilter", "Filter", "PostFilter", "Reserve", "Permit", "PreBind", "Bind")
 FRAMEWORK = "Framework"  # the plugin named in the framework's own refusals
+# Candidates a refusal names one by one; the rest are counted by the plugin that refused them (a
+# pool can have hundreds of entries, and an Event's message is read on one screen).
+NAMED_CANDIDATES = 8
+
+
+@dataclass(frozen=True)
+class CandidateRefusal:
+    """Why one of a pod's candidates (a pool's entry) was refused: kube-scheduler's NodeToStatus."""
+
+    label: str
+    node: str
+    status: Status
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,10 @@ class Decision:
     node: NodeSnapshot | None  # None when PreFilter refused: no node was looked at
     state: CycleState
     phase: str
+    # A pod of several candidates refused on all: each one's refusal (the queue waits for any of
+    # their plugins' events on their nodes). `node` and `state` are then the candidate that
+    # preemption may help, if any, else the first.
+    diagnosis: tuple[CandidateRefusal, ...] = ()
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -163,7 +179,7 @@ class Framework:
         (its devices counted), and each Reserve plugin's hold (a DRA claim's devices): a dry run
         that places one pod after another (suggest) decides each on what the earlier ones took."""
         node = decision.node
-        meta = dict(pod.get("metadata") or {})
+        meta = dict(as_bound(pod, decision.state).get("metadata") or {})
         meta.setdefault("uid", f"assumed/{meta.get('namespace')}/{meta.get('name')}")
         placed = {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node.name}}
         info = dataclasses.replace(PodInfo.of(placed), devices=decision.devices)
@@ -182,12 +198,17 @@ class Framework:
         """PreFilter, then Filter on the node PreFilter's results name, on its snapshot."""
         state = CycleState()
         nodes: frozenset[str] | None = None
+        offered: Candidates | None = None
         for plugin in self.profile.pre_filter:
             result = plugin.pre_filter(state, pod)
             if not result.status.ok:
                 return Decision(result.status, None, state, PRE_FILTER)
             if result.node_names is not None:
                 nodes = result.node_names if nodes is None else nodes & result.node_names
+            if result.candidates is not None:
+                offered = result.candidates
+        if offered is not None:
+            return self._decide_among(pod, state, offered, nodes, snapshot_of)
         if not nodes:
             why = ("no PreFilter plugin named a node for the pod" if nodes is None else
                    "the PreFilter plugins named no node in common")
@@ -204,6 +225,41 @@ class Framework:
             if status.ok:
                 break
         return decision
+
+    def _decide_among(self, pod: Mapping[str, Any], state: CycleState, offered: Candidates,
+                      nodes: frozenset[str] | None, snapshot_of: Callable[[str], NodeSnapshot]) -> Decision:
+        """Filter on each candidate in turn, each on a copy of the state with the candidate's
+        writes, until one passes. Refused on all: one refusal naming each candidate's reason, as
+        kube-scheduler summarises its nodes; Unschedulable when preemption may help on one of them."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        snapshots: dict[str, NodeSnapshot] = {}
+        refusals: list[tuple[CandidateRefusal, NodeSnapshot, CycleState]] = []
+        for candidate in offered.options:
+            if nodes is not None and candidate.node not in nodes:
+                continue
+            node = snapshots.get(candidate.node)
+            if node is None:
+                node = snapshot_of(candidate.node)
+                if uid in node.info.uids:  # the pod itself, listed on its node already (a retry)
+                    node = dataclasses.replace(node, info=node.info.without(uid))
+                snapshots[candidate.node] = node
+            trial = state.clone()
+            for key, value in candidate.writes.items():
+                trial.write(key, value)
+            status = self.run_filters(trial, pod, node)
+            if status.ok:
+                return Decision(status, node, trial, FILTER)
+            if status.code is Code.ERROR:
+                return Decision(status, node, trial, FILTER)
+            refusals.append((CandidateRefusal(candidate.label, candidate.node, status), node, trial))
+        if not refusals:
+            return Decision(unresolvable(FRAMEWORK, f"{offered.none_fits}: the PreFilter plugins allow none of its"
+                                                    " nodes"), None, state, PRE_FILTER)
+        helped = next((r for r in refusals if r[0].status.preemption_may_help), refusals[0])
+        first = helped[0].status
+        code = Code.UNSCHEDULABLE if first.preemption_may_help else Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+        status = Status(code, first.plugin, _summary(offered, [r[0] for r in refusals]), first.reason)
+        return Decision(status, helped[1], helped[2], FILTER, tuple(r[0] for r in refusals))
 
     def group_of(self, pod: Mapping[str, Any], cluster: Any) -> PodGroup:
         """The pods that go through the cycle with `pod`: its PodGroup plugin's group, without the
@@ -224,7 +280,7 @@ class Framework:
             could = self._permit_group(group, PermitStage.FILTERED, len(group.pending), None)
             if could is not None and not could.ok:
                 return _Quorum(could, FILTER, group, (), ())
-        members = tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in group.pending)
+        members = self._decide_members(group, snapshot_of)
         failed = next((m for m in members if m.decision.status.code is Code.ERROR), None)
         if failed is not None:
             return _Quorum(failed.decision.status, failed.decision.phase, group, members, (failed,))
@@ -237,6 +293,26 @@ class Framework:
         # a member's own refusal keeps its phase; the group's quorum is asked after Filter
         phase = first.decision.phase if first and status is first.decision.status else FILTER
         return _Quorum(status, phase, group, members, refused)
+
+    def _decide_members(self, group: PodGroup, snapshot_of: Callable[[str], NodeSnapshot]
+                        ) -> tuple[MemberDecision, ...]:
+        """Each pending member decided in turn, a group's on the snapshots with its earlier
+        placeable members assumed: members that choose among places (a pool's entries) then take
+        different ones, and what earlier members take counts for the later ones."""
+        if group.alone:
+            return tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in group.pending)
+        taken: dict[str, NodeSnapshot] = {}
+
+        def with_taken(name: str) -> NodeSnapshot:
+            return taken[name] if name in taken else snapshot_of(name)
+
+        members = []
+        for pod in group.pending:
+            decision = self.decide(pod, with_taken)
+            if decision.status.ok and decision.node is not None:
+                taken[decision.node.name] = self.assume(decision, pod)
+            members.append(MemberDecision(pod, decision))
+        return tuple(members)
 
     def _permit_group(self, group: PodGroup, stage: PermitStage, ready: int, first: MemberDecision | None,
                       lost: tuple[str, Status] | None = None) -> Status | None:
@@ -368,7 +444,8 @@ class Framework:
         as by earlier members of its own group), then Reserve and Permit; on a refusal, what it
         reserved is undone here."""
         for _ in range(STALE_TRIES):
-            if cluster.assume(member.pod, member.decision.node, member.decision.devices):
+            if cluster.assume(as_bound(member.pod, member.decision.state), member.decision.node,
+                              member.decision.devices):
                 break
             member = MemberDecision(member.pod, self.decide(member.pod, cluster.snapshot))
             if not member.decision.status.ok:
@@ -420,6 +497,28 @@ class Framework:
                 plugin.unreserve(state, pod, node, cluster)
         cluster.forget(pod, node.name)
         return status
+
+
+def as_bound(pod: Mapping[str, Any], state: CycleState) -> Mapping[str, Any]:
+    """`pod` with the annotations its Binding will write (BOUND_ANNOTATIONS): what it holds once bound."""
+    written = state.read(BOUND_ANNOTATIONS)
+    if not written:
+        return pod
+    meta = pod.get("metadata") or {}
+    return {**pod, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **written}}}
+
+
+def _summary(offered: Candidates, refusals: Sequence[CandidateRefusal]) -> str:
+    """`none_fits`, then each candidate's refusal (the first NAMED_CANDIDATES by name, the rest
+    counted by plugin), then the fix."""
+    named = "; ".join(f"{r.label}: {r.status.message}" for r in refusals[:NAMED_CANDIDATES])
+    rest: dict[str, int] = {}
+    for refusal in refusals[NAMED_CANDIDATES:]:
+        rest[refusal.status.plugin] = rest.get(refusal.status.plugin, 0) + 1
+    more = (f"; and {len(refusals) - NAMED_CANDIDATES} more, refused by "
+            + ", ".join(f"{plugin} ({count})" for plugin, count in sorted(rest.items()))) if rest else ""
+    fix = f". {offered.fix}" if offered.fix else ""
+    return f"{offered.none_fits} ({len(refusals)} refused): {named}{more}{fix}"
 
 
 def _with_post_filter(refusal: Status, result: PostFilterResult | None) -> Status:

@@ -39,3 +39,6 @@ class NodeSnapshot:
     # as {"metadata": {"name"}, "spec": ...}; a namespace without any: absent or empty). None: not
     # read (GPUQuota then takes every namespace to count the GPUs its pods pin).
     quotas: Mapping[str, tuple[Mapping[str, Any], ...]] | None = None
+    # Pool entries on this node given by a bind instance (gpu_scheduler.records.EntryRecord), by
+    # (workload key, entry index): held until the pod's Binding shows (plugins/poolentry.py).
+    entries: Mapping[tuple[str, int], Any] = field(default_factory=_empty)

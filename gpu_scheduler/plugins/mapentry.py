@@ -1,17 +1,29 @@
 """MapEntry (PreFilter): the pod's entry in its gpu-scheduling-map, which names its one node and
-its devices; or why it has none. Its result names that node, the only one the pod may go to. Every refusal here is the pod's own (its map, its name), so only
-a change of the pod can undo it: it registers no cluster event."""
+its devices; or why it has none. Its result names that node, the only one the pod may go to. A
+pool pod (podindex.is_pool: a Deployment's, which has no index) may take any entry of its map:
+the result offers every entry as a candidate, in map order, and the framework gives the pod the
+first that passes every filter (PoolEntry refuses those its workload's other pods hold). Every
+refusal here is the pod's own (its map, its name), so only a change of the pod can undo it: it
+registers no cluster event."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import SCHEDULER_NAME
-from ..framework.interface import DEVICES, CycleState, PreFilterPlugin, PreFilterResult, unresolvable
-from ..placement import NotPlaceable, Resolved, map_text, resolve
+from .. import ANNOTATION, SCHEDULER_NAME
+from ..framework.interface import (
+    BOUND_ANNOTATIONS, DEVICES, Candidate, Candidates, CycleState, PreFilterPlugin, PreFilterResult, unresolvable,
+)
+from ..placement import (
+    ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, Resolved, map_text, metadata, pool_of, resolve, spec,
+)
 
 NAME = "MapEntry"
 NO_ANNOTATION = "NoAnnotation"
 RESOLVED = "MapEntry/resolved"  # CycleState key: the pod's Resolved entry
+NO_FREE_ENTRY = "no entry of the pool is free"
+POOL_FIX = (f"Add entries to {ANNOTATION}, or set maxSurge: 0 on the Deployment so that an old pod leaves before a"
+            " new one is created")
 
 
 def entry(pod: Mapping[str, Any]) -> Resolved:
@@ -21,9 +33,48 @@ def entry(pod: Mapping[str, Any]) -> Resolved:
     return resolve(pod)
 
 
+@dataclass(frozen=True)
+class EntryChoice:
+    """The entries a pod may take, in the order to try them: its own entry, or (a pool pod not
+    bound yet) every entry of its map."""
+
+    options: tuple[Resolved, ...]
+    pool: bool
+
+
+def choice(pod: Mapping[str, Any]) -> EntryChoice:
+    """What the pod may take, or NotPlaceable with the reason users see."""
+    if map_text(pod) is None:
+        raise NotPlaceable(NO_ANNOTATION, f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation")
+    pool = pool_of(pod)
+    if pool is None or (spec(pod).get("nodeName") and ENTRY_ANNOTATION in (metadata(pod).get("annotations") or {})):
+        return EntryChoice((resolve(pod),), False)
+    return EntryChoice(pool.candidates(), True)
+
+
 def resolved(state: CycleState) -> Resolved:
-    """What pre_filter found: read by the later plugins of the same attempt."""
+    """What pre_filter found (for a pool pod, the candidate being tried): read by the later
+    plugins of the same attempt."""
     return state.read(RESOLVED)
+
+
+def entry_label(found: Resolved) -> str:
+    """An entry as a refusal names it: `entry 2 (node3:0,1,2)`."""
+    return f"entry {found.index} ({found.placement.node}:{found.placement.visible_devices})"
+
+
+def bound_annotations(found: Resolved) -> dict[str, str]:
+    """What a pool pod's Binding writes beside its devices: the entry and its devices' ordinals."""
+    ordinals = ",".join(str(i) for i in range(len(found.placement.devices)))
+    return {ENTRY_ANNOTATION: str(found.index), ORDINALS_ANNOTATION: ordinals}
+
+
+def _writes(found: Resolved) -> dict[str, Any]:
+    writes: dict[str, Any] = {RESOLVED: found, DEVICES: found.placement.devices}
+    if found.pooled:
+        from ..fit import DEVICES_ANNOTATION  # fit imports placement, as this module does: no cycle
+        writes[BOUND_ANNOTATIONS] = {DEVICES_ANNOTATION: found.placement.visible_devices, **bound_annotations(found)}
+    return writes
 
 
 class MapEntry(PreFilterPlugin):
@@ -31,11 +82,15 @@ class MapEntry(PreFilterPlugin):
 
     def pre_filter(self, state: CycleState, pod: Mapping[str, Any]) -> PreFilterResult:
         """The entry's one node is the pod's only candidate (the result names it); its devices are
-        what the cache counts once the pod is assumed."""
+        what the cache counts once the pod is assumed. A pool pod's candidates are its map's entries."""
         try:
-            found = entry(pod)
+            found = choice(pod)
         except NotPlaceable as why:
             return PreFilterResult(unresolvable(NAME, why.message, why.reason))
-        state.write(RESOLVED, found)
-        state.write(DEVICES, found.placement.devices)
-        return PreFilterResult(node_names=frozenset({found.placement.node}))
+        if found.pool:
+            options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in found.options)
+            return PreFilterResult(node_names=frozenset(c.node for c in options),
+                                   candidates=Candidates(options, NO_FREE_ENTRY, POOL_FIX))
+        for key, value in _writes(found.options[0]).items():
+            state.write(key, value)
+        return PreFilterResult(node_names=frozenset({found.options[0].placement.node}))

@@ -29,6 +29,7 @@ from .nodeports import NodePorts
 from .noderesourcesfit import NodeResourcesFit
 from .nodeready import NodeReady
 from .nodeunschedulable import NodeUnschedulable
+from .poolentry import PoolEntry
 from .schedulinggates import SchedulingGates
 from .tainttoleration import TaintToleration
 
@@ -51,6 +52,7 @@ REGISTRY: Registry = {
     NodeResourcesFit.name: _plain(NodeResourcesFit),
     GPUQuota.name: lambda args, handle: GPUQuota(bool(args.get("enabled", True))),
     GPUsHeld.name: _plain(GPUsHeld),
+    PoolEntry.name: _plain(PoolEntry),
     DynamicResources.name: lambda args, handle: DynamicResources(SchedulerConfig(
         dra_device_class=args["deviceClass"], dra_rules=args["rules"]) if args else SchedulerConfig()),
     DefaultPreemption.name: lambda args, handle: DefaultPreemption(handle.run_filters),
@@ -61,7 +63,7 @@ REGISTRY: Registry = {
 EVENTS_TO_REGISTER: dict[str, frozenset[ClusterEvent]] = {
     cls.name: cls.events for cls in (
         SchedulingGates, Gang, MapEntry, NodeExists, NodeUnschedulable, NodeReady, TaintToleration, NodeGPUCapacity,
-        NodeAffinity, NodePorts, NodeResourcesFit, GPUQuota, GPUsHeld, DynamicResources, DefaultPreemption,
+        NodeAffinity, NodePorts, NodeResourcesFit, GPUQuota, PoolEntry, GPUsHeld, DynamicResources, DefaultPreemption,
         DefaultBinder)}
 
 DEFAULT_PROFILE: Mapping[str, Any] = {
@@ -71,9 +73,10 @@ DEFAULT_PROFILE: Mapping[str, Any] = {
         "podGroup": ["Gang"],
         "preFilter": ["MapEntry", "Gang", "DynamicResources"],
         "filter": ["NodeExists", "NodeUnschedulable", "NodeReady", "TaintToleration", "NodeGPUCapacity",
-                   "NodeAffinity", "NodePorts", "NodeResourcesFit", "GPUQuota", "GPUsHeld", "DynamicResources"],
+                   "NodeAffinity", "NodePorts", "NodeResourcesFit", "GPUQuota", "PoolEntry", "GPUsHeld",
+                   "DynamicResources"],
         "postFilter": ["DefaultPreemption"],
-        "reserve": ["GPUsHeld", "DynamicResources"],
+        "reserve": ["PoolEntry", "GPUsHeld", "DynamicResources"],
         "permit": ["Gang"],
         "preBind": ["DynamicResources"],
         "bind": ["DefaultBinder"],
