@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from . import SCHEDULER_NAME
 from .devices import device_warnings
 from .fit import DEVICES_ANNOTATION
-from .placement import NotPlaceable, metadata, spec
+from .placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, POOL_UNASSIGNED, NotPlaceable, metadata, spec
 from .plugins.mapentry import entry
 from .schedmap import (
     MAX_NAMESPACE, MAX_NESTING, MAX_NODE_NAME, Placement, is_dns_label, is_dns_subdomain, nesting_exceeds, shown,
@@ -51,10 +51,20 @@ class Bind:
     warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     # The pod's version this decision was made from: the Binding's precondition (binding_for).
     resource_version: str = field(default="", compare=False)
+    # A pool pod's entry (its map index), which the Binding records on it with its devices.
+    entry: int | None = None
 
     @property
     def placement(self) -> Placement:
         return Placement(self.node, self.devices)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Ours, a pool pod: which entry it takes is decided in its scheduling cycle."""
+
+    pod: str = field(default="", compare=False)  # namespace/name
+    warnings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ def check_pod(data: Any) -> Mapping[str, Any]:
     return data
 
 
-def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
+def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Pooled | Unplaceable:
     """What to do with a pod seen in an add/update event or a resync listing."""
     meta, pod_spec = metadata(pod), spec(pod)
     if pod_spec.get("schedulerName") != SCHEDULER_NAME:
@@ -111,6 +121,8 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Unplaceable:
     try:
         resolved = entry(pod)
     except NotPlaceable as why:
+        if why.reason == POOL_UNASSIGNED:
+            return Pooled(name)
         return Unplaceable(why.reason, why.message, name)
     placement = resolved.placement
     return Bind(meta["namespace"], meta["name"], str(meta.get("uid") or ""), placement.node, placement.devices,
@@ -123,8 +135,11 @@ def binding_for(bind: Bind) -> dict[str, Any]:
     the version the decision was made from: a pod is bound only as that version placed it. Its
     annotation, which the API server copies onto the pod in the same write, records the devices
     placed: what GPU accounting counts for this pod from then on."""
-    meta = {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid,
-            "annotations": {DEVICES_ANNOTATION: ",".join(bind.devices)}}
+    annotations = {DEVICES_ANNOTATION: ",".join(bind.devices)}
+    if bind.entry is not None:  # a pool's entry: held by the pod from this write on (plugins/poolentry.py)
+        annotations[ENTRY_ANNOTATION] = str(bind.entry)
+        annotations[ORDINALS_ANNOTATION] = ",".join(str(i) for i in range(len(bind.devices)))
+    meta = {"name": bind.name, "namespace": bind.namespace, "uid": bind.uid, "annotations": annotations}
     if bind.resource_version:
         meta["resourceVersion"] = bind.resource_version
     return {"apiVersion": "v1", "kind": "Binding", "metadata": meta,

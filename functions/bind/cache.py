@@ -34,7 +34,7 @@ from gpu_scheduler.queueing import (
     SLICE_DELETE, SLICE_UPDATE,
 )
 from gpu_scheduler.quota import quota_view
-from gpu_scheduler.records import Record
+from gpu_scheduler.records import EntryRecord, Record
 
 MAX_GONE = 65536  # UIDs of deleted pods remembered (about 5 MB)
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # of JSON: pending pods past this are kept by name, read when placed
@@ -143,6 +143,10 @@ class Cache:
         self._assigned_of: dict[tuple[str, ...], dict[str, str]] = {}
         self._records: dict[tuple[str, str], Record] = {}
         self._records_on: dict[str, dict[str, Record]] = {}  # node -> device -> record, kept with _records
+        # Pool entries' records (plugins/poolentry.py): Lease name -> record, and node -> (workload
+        # key, entry) -> record, kept together.
+        self._entry_records: dict[str, EntryRecord] = {}
+        self._entries_on: dict[str, dict[tuple[str, int], EntryRecord]] = {}
         # node -> a number that changes with every change of the node, its pods (assumed ones too),
         # its records or its slices: an attempt assumes its pod only on the node it decided on.
         self._generation: dict[str, int] = {}
@@ -171,6 +175,7 @@ class Cache:
             quotas = MappingProxyType({namespace: tuple(self._quotas.get(namespace, {}).values())
                                        for namespace in namespaces}) if self.quotas else None
             records = dict(self._records_on.get(node, {}))
+            entries = dict(self._entries_on.get(node, {}))
             slices = tuple({"spec": spec} for spec in self._slices.get(node, {}).values())
             held = {device: next(iter(self._held[device])) for device in _devices_of(slices)
                     if self._held.get(device)}
@@ -178,11 +183,12 @@ class Cache:
                 name=node, node=self._nodes.get(node), info=self._node_info(node),
                 records=MappingProxyType(records), gone=frozenset(uid for r in records.values()
                                                                   for uid in self._gone_of(r)) |
-                frozenset(r.nominee_uid for r in records.values() if r.nominee_uid in self.gone),  # a preemptor deleted
+                frozenset(r.nominee_uid for r in records.values() if r.nominee_uid in self.gone) |  # a preemptor deleted
+                frozenset(uid for r in entries.values() for uid in self._gone_of(r)),
                 now=time.time(), slices=slices, held=MappingProxyType(held),
                 claims=MappingProxyType({key: self._claims[key] for key in claims if key in self._claims}),
                 dra=self._dra_support(),
-                generation=self._generation.get(node, 0), quotas=quotas)
+                generation=self._generation.get(node, 0), quotas=quotas, entries=MappingProxyType(entries))
 
     def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
         """The PodDisruptionBudgets of the namespaces that pods on `node` are in."""
@@ -235,6 +241,10 @@ class Cache:
         with self._lock:
             return list(self._records.values())
 
+    def entry_records(self) -> list[EntryRecord]:
+        with self._lock:
+            return list(self._entry_records.values())
+
     def _node_info(self, node: str) -> NodeInfo:
         """Inside the lock: the node's pods as watched, plus those this instance is placing."""
         view = self._listed.get(node, NodeInfo())
@@ -247,11 +257,11 @@ class Cache:
         """Inside the lock: the node, its pods, records or slices changed."""
         self._generation[node] = self._generation.get(node, 0) + 1
 
-    def gone_of(self, record: Record | None) -> frozenset[str]:
+    def gone_of(self, record: Record | EntryRecord | None) -> frozenset[str]:
         with self._lock:
             return self._gone_of(record)
 
-    def _gone_of(self, record: Record | None) -> frozenset[str]:
+    def _gone_of(self, record: Record | EntryRecord | None) -> frozenset[str]:
         """Inside the lock: {the UID of the pod `record` was last written for} when this view knows
         that pod is gone, else nothing: seen deleted, or absent from a pod view that is past the
         record's own version (the pod was created before its record was written, so a view that far
@@ -298,6 +308,13 @@ class Cache:
                 known = self._records.get((record.node, record.device))
                 if known is None or _newer(record.resource_version, known.resource_version):
                     self._set_record(record)
+            return
+        entry = EntryRecord.of(lease)
+        if entry is not None:
+            with self._lock:
+                known_entry = self._entry_records.get(entry.name)
+                if known_entry is None or _newer(entry.resource_version, known_entry.resource_version):
+                    self._set_entry(entry)
 
     def wrote_claim(self, claim: Mapping[str, Any]) -> None:
         """A claim this instance just wrote or read: seen at once, before its watch event."""
@@ -486,27 +503,38 @@ class Cache:
 
     # -- device records ----------------------------------------------------------------------
     def replace_records(self, pages: Iterable[list[dict]]) -> Changes:
-        records = {}
+        records, entries = {}, {}
         for items in pages:
             for lease in items:
                 record = Record.of(lease)
                 if record is not None:
                     records[(record.node, record.device)] = record
+                    continue
+                entry = EntryRecord.of(lease)
+                if entry is not None:
+                    entries[entry.name] = entry
         with self._lock:
             freed = [key for key in self._records if key not in records]
+            freed_entries = {e.node for name, e in self._entry_records.items() if name not in entries}
             for node in {key[0] for key in self._records} | {key[0] for key in records}:
                 self._changed(node)
+            for node in {e.node for e in self._entry_records.values()} | {e.node for e in entries.values()}:
+                self._changed(node)
+            self._entry_records, self._entries_on = {}, {}
+            for entry in entries.values():
+                self._set_entry(entry)
             self._records = records
             self._records_on = {}
             for (node, device), record in records.items():
                 self._records_on.setdefault(node, {})[device] = record
         return Changes(freed=tuple(freed), held=tuple(records),
-                       events=tuple((RECORD_FREED, key[0]) for key in freed))
+                       events=tuple((RECORD_FREED, key[0]) for key in freed) +
+                       tuple((RECORD_FREED, node) for node in sorted(freed_entries)))
 
     def apply_record(self, kind: str, lease: Mapping[str, Any]) -> Changes:
         record = Record.of(lease)
         if record is None:
-            return NOTHING
+            return self._apply_entry(kind, lease)
         key = (record.node, record.device)
         with self._lock:
             if kind == "DELETED":
@@ -518,6 +546,34 @@ class Cache:
         if kind == "DELETED":
             return Changes(freed=(key,), events=((RECORD_FREED, record.node),))
         return Changes(held=(key,), events=((RECORD_UPDATE, record.node),))
+
+    def _apply_entry(self, kind: str, lease: Mapping[str, Any]) -> Changes:
+        """A pool entry's record added, changed or deleted (the same watch as the devices')."""
+        entry = EntryRecord.of(lease)
+        if entry is None:
+            return NOTHING
+        with self._lock:
+            known = self._entry_records.get(entry.name)
+            if kind == "DELETED":
+                if known is not None:
+                    self._drop_entry(known)
+            elif known is None or not _newer(known.resource_version, entry.resource_version):
+                if known is not None and known.node != entry.node:
+                    self._drop_entry(known)
+                self._set_entry(entry)
+        return Changes(events=((RECORD_FREED if kind == "DELETED" else RECORD_UPDATE, entry.node),))
+
+    def _set_entry(self, entry: EntryRecord) -> None:
+        """Inside the lock."""
+        self._entry_records[entry.name] = entry
+        self._entries_on.setdefault(entry.node, {})[(entry.pool, entry.entry)] = entry
+        self._changed(entry.node)
+
+    def _drop_entry(self, entry: EntryRecord) -> None:
+        """Inside the lock."""
+        self._entry_records.pop(entry.name, None)
+        self._entries_on.get(entry.node, {}).pop((entry.pool, entry.entry), None)
+        self._changed(entry.node)
 
     def _set_record(self, record: Record) -> None:
         """Inside the lock."""

@@ -31,7 +31,7 @@ from gpu_scheduler.plugins.config import SchedulerConfig
 from gpu_scheduler.plugins.defaultbinder import POD_CHANGED
 from gpu_scheduler.plugins.registry import new_framework
 from gpu_scheduler.queueing import Refused
-from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, is_free, lease_for
+from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, entry_is_free, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 from kubeapi.projection import PODS
@@ -371,9 +371,11 @@ class Placer:
         """Delete the records no pod holds any more, past their grace (each as read: a record
         written since is left alone). Hygiene only: a free record counts for nothing anyway."""
         deleted = 0
-        for record in self.views.records():
+        kinds = [(record, is_free) for record in self.views.records()]
+        kinds += [(record, entry_is_free) for record in self.views.entry_records()]  # pool entries'
+        for record, is_free_now in kinds:
             node = self.views.snapshot(record.node)
-            if not is_free(record, node.info.pods, node.now, node.gone):
+            if not is_free_now(record, node.info.pods, node.now, node.gone):
                 continue
             try:
                 self.api.delete_lease(self.namespace, record.name, record.resource_version)
@@ -439,7 +441,9 @@ class Placer:
         # own (its gang bound without it) on its own refusal
         grouped = not group.alone and cycle.waits_on is not None and cycle.status.refused
         waits_on = cycle.waits_on if grouped else outcome
-        return Attempt(report, Refused(waits_on.status.plugin, waits_on.node))
+        diagnosis = waits_on.decision.diagnosis if waits_on.decision is not None else ()
+        return Attempt(report, Refused(waits_on.status.plugin, waits_on.node,
+                                       tuple(sorted({(r.status.plugin, r.node) for r in diagnosis}))))
 
     def _failed(self, ref: PodRef, outcome: Outcome, started: float, attempted: bool = True) -> Attempt:
         """The API failed: retried after a backoff, transient or not (a 403 from a missing grant

@@ -124,6 +124,9 @@ class Views:
     def records(self) -> list[Record]:
         return self.cache.records()
 
+    def entry_records(self) -> list:
+        return self.cache.entry_records()
+
     # -- this instance's own placements and writes (the cache's) -----------------------------------
     def assume(self, info: PodInfo, snapshot: NodeSnapshot) -> bool:
         return self.cache.assume(info, snapshot)

@@ -30,9 +30,10 @@ BIND_TRIES = 3
 
 
 def bind_of(pod, state: CycleState) -> Bind:
-    meta, placement = metadata(pod), resolved(state).placement
-    return Bind(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")), placement.node,
-                placement.devices, resource_version=str(meta.get("resourceVersion") or ""))
+    meta, found = metadata(pod), resolved(state)
+    return Bind(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")), found.placement.node,
+                found.placement.devices, resource_version=str(meta.get("resourceVersion") or ""),
+                entry=found.index if found.pooled else None)
 
 
 class DefaultBinder(BindPlugin):
