@@ -20,13 +20,18 @@ from typing import Any, Callable, Mapping
 
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
-from .devices import CUDA, DRA, ModeError, device_env, device_mode, device_warnings
+from .devices import (
+    CUDA, DRA, MODE_ANNOTATION, ModeError, device_env, device_mode, device_warnings, pool_device_env,
+)
+from .podindex import POOL_ANNOTATION
 from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
 from .fit import GANG_ANNOTATION
 from .plugins.gang import GangError, gang_size
-from .placement import MALFORMED_MAP, NotPlaceable, map_text, metadata, resolve, spec
+from .placement import MALFORMED_MAP, NotPlaceable, Pool, map_text, metadata, pool_of, resolve, spec
 from .quota import QuotaDodge, check_not_written, quota_requests, resources_patch
-from .templatecount import TOPOLOGY_ANNOTATIONS, WORKLOAD_RESOURCES, declared, pod_templates, workload_patch
+from .templatecount import (
+    TOPOLOGY_ANNOTATIONS, WORKLOAD_RESOURCES, declared, pod_templates, template_counts, workload_patch,
+)
 from .schedmap import MAX_NESTING, nesting_exceeds, shown
 from .workloads import WorkloadUnreadable, jobset_annotations, jobset_pod
 
@@ -109,19 +114,24 @@ def parse_review(body: Any) -> Review:
                   workload)
 
 
-def _env_with(env: list[Any], values: Mapping[str, str]) -> list[Any]:
+def _env_with(env: list[Any], values: Mapping[str, Any]) -> list[Any]:
     """`env` with each name in `values` set once, in its old place if it had one."""
     result, placed = [], set()
     for var in env:
         name = var.get("name") if isinstance(var, dict) else None
         if isinstance(name, str) and name in values:
             if name not in placed:
-                result.append({"name": name, "value": values[name]})
+                result.append(_env_var(name, values[name]))
                 placed.add(name)
             continue
         result.append(var)
-    result.extend({"name": n, "value": v} for n, v in values.items() if n not in placed)
+    result.extend(_env_var(n, v) for n, v in values.items() if n not in placed)
     return result
+
+
+def _env_var(name: str, value: str | Mapping[str, Any]) -> dict[str, Any]:
+    """An EnvVar: a string is its value, a mapping its `valueFrom` (a pool pod's: devices.pool_device_env)."""
+    return {"name": name, "value": value} if isinstance(value, str) else {"name": name, "valueFrom": dict(value)}
 
 
 def _escape(key: str) -> str:
@@ -286,6 +296,9 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
         pod = with_annotations(pod, written)
     try:
         mode = device_mode(pod, default_mode)
+        pool = pool_of(pod)
+        if pool is not None:
+            return _decide_pool(review, pod, pool, mode, warnings, written, quota, product_of)
         resolved = resolve(pod)
     except ModeError as error:
         return Decision(False, message=str(error), reason="InvalidDeviceMode")
@@ -320,6 +333,33 @@ def decide(review: Review, default_mode: str = CUDA, quota: bool = True,
     except ClaimError as error:
         return Decision(False, message=str(error), reason="InvalidDRAClaim")
     return Decision(True, (*annotation_patch(review.pod, written), *patch), tuple(warnings), reason="Placed")
+
+
+def _decide_pool(review: Review, pod: Mapping[str, Any], pool: Pool, mode: str, warnings: list[str],
+                 written: Mapping[str, str], quota: bool, product_of: Callable[[str], str | None] | None) -> Decision:
+    """A pool pod (a Deployment's): bind chooses its entry when it binds it, so its containers read
+    their devices from the annotations the Binding writes; a quota counts it for its map's largest
+    entry, as a template is counted (templatecount.py)."""
+    if mode == DRA:
+        return Decision(False, message=(
+            f"a pool pod (a ReplicaSet's, or {POOL_ANNOTATION}: \"true\") cannot use device mode dra yet: its claim"
+            " would be named after the pod, whose name is not known at admission. Set the pod's"
+            f" {MODE_ANNOTATION} annotation to cuda or nvidia, or run it as a StatefulSet"), reason="PoolInDRAMode")
+    gang = _invalid_gang(pod)
+    if gang is not None:
+        return gang
+    if not pool.entries:
+        return Decision(False, message=f"the {ANNOTATION} annotation has no entry: a pool needs at least one",
+                        reason="EmptyPool")
+    wanted = None
+    if quota:
+        wanted = template_counts(pool.map_text, product_of)
+        try:
+            check_not_written(pod, wanted, declared(pod))
+        except QuotaDodge as error:
+            return Decision(False, message=str(error), reason="QuotaDodge")
+    patch = patch_for(pod, pool_device_env(mode), requests=wanted)
+    return Decision(True, (*annotation_patch(review.pod, written), *patch), tuple(warnings), reason="Pooled")
 
 
 def _topology_refusal(template: Mapping[str, Any]) -> Decision | None:

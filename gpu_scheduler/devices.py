@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .placement import Resolved, metadata, spec
+from .placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, Resolved, metadata, spec
 from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, claims_cost, parse_map, shown
 
 CUDA, NVIDIA, DRA = "cuda", "nvidia", "dra"
@@ -51,6 +51,21 @@ def device_env(placement: Placement, mode: str = CUDA) -> dict[str, str]:
     if mode == NVIDIA:
         return {"NVIDIA_VISIBLE_DEVICES": placement.visible_devices, "CUDA_VISIBLE_DEVICES": inside, **ORDER}
     return {"CUDA_VISIBLE_DEVICES": placement.visible_devices, **ORDER}
+
+
+def _annotation_ref(key: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}
+
+
+def pool_device_env(mode: str = CUDA) -> dict[str, Any]:
+    """A pool pod's variables: its entry is chosen by bind when it binds the pod, so each names the
+    annotation the Binding writes (an EnvVar's `valueFrom`), which the kubelet reads when it starts
+    the container. Plain values (CUDA_DEVICE_ORDER) stay strings."""
+    from .fit import DEVICES_ANNOTATION  # fit imports this module's neighbours; no cycle at call time
+    if mode == NVIDIA:
+        return {"NVIDIA_VISIBLE_DEVICES": _annotation_ref(DEVICES_ANNOTATION),
+                "CUDA_VISIBLE_DEVICES": _annotation_ref(ORDINALS_ANNOTATION), **ORDER}
+    return {"CUDA_VISIBLE_DEVICES": _annotation_ref(DEVICES_ANNOTATION), **ORDER}
 
 
 def requests_gpus(pod: Mapping[str, Any]) -> bool:
