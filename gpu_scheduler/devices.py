@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, Resolved, metadata, spec
+from .placement import ORDINALS_ANNOTATION, Resolved, metadata, spec
 from .schedmap import MAP_CACHE_BYTES, BoundedCache, Placement, claims_cost, parse_map, shown
 
 CUDA, NVIDIA, DRA = "cuda", "nvidia", "dra"

@@ -20,7 +20,7 @@ from typing import Any
 from . import ANNOTATION, SCHEDULER_NAME
 from .shapes import as_map as _map
 from .shapes import as_maps as _list
-from .placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, map_text, metadata, resolve, spec  # noqa: F401
+from .placement import ENTRY_ANNOTATION, NotPlaceable, map_text, metadata, resolve, spec
 from .podindex import JOBSET_NAME_LABEL, LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, is_pool
 from .schedmap import Placement
 
@@ -214,6 +214,15 @@ def pool_entry(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _pool_holding(pod: Mapping[str, Any]) -> tuple[int | None, str]:
+    """(the pool entry the pod holds, its map's text), or (None, '') for a pod that holds none."""
+    entry = pool_entry(pod)
+    if entry is None:
+        return None, ""
+    text = map_text(pod)
+    return entry, text if isinstance(text, str) else ""
+
+
 def gang_key(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The pods a gang is formed from: the workload's, except that each group of a
     LeaderWorkerSet (its leader and workers) is a gang of its own."""
@@ -267,6 +276,7 @@ class PodInfo:
     # important, as kube-scheduler's util.MoreImportantPod; a pod not started counts as started now.
     started: float = math.inf
     entry: int | None = None  # the pool entry it holds (pool pods: plugins/poolentry.py)
+    pool_map: str = ""  # and the map it was taken from (a rollout may change the map)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInfo":
@@ -276,7 +286,7 @@ class PodInfo:
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                    bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
-                   gang_key(pod), _grace_seconds(pod), _start_time(pod), pool_entry(pod))
+                   gang_key(pod), _grace_seconds(pod), _start_time(pod), *_pool_holding(pod))
 
 
 def _grace_seconds(pod: Mapping[str, Any]) -> int:

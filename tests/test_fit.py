@@ -14,13 +14,14 @@ from decide import problem as bind_problem
 from decide import problem as fit_problem
 from gpu_scheduler.fit import DEVICES_ANNOTATION, SHARE_ANNOTATION, NodeInfo, PodInfo, parse_quantity, pod_requests
 from gpu_scheduler.plugins.gpusheld import gpus_held as _gpus_held
+from gpu_scheduler.podinputs import PodInputs
 from gpu_scheduler.plugins.nodeports import PORTS_REASON, node_ports
 from gpu_scheduler.plugins.noderesourcesfit import node_resources_fit
 from gpu_scheduler.schedmap import Placement
 
 
 def gpus_held(pod, placement: Placement, info: NodeInfo) -> str | None:
-    return _gpus_held(pod, placement.devices, placement.node, info.pods)
+    return _gpus_held(PodInputs.of(pod), placement.devices, placement.node, info.pods)
 
 NODE = {"metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1", "zone": "a", "gen": "3"}},
         "spec": {},

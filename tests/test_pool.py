@@ -242,3 +242,30 @@ def test_mutate_refuses_a_pool_pod_in_dra_mode_naming_the_fix():
     response, decision = admission_response(review(rs_pod()), "dra", quota=False)
     assert not decision.allowed and decision.reason == "PoolInDRAMode"
     assert "cuda or nvidia" in decision.message
+
+
+def test_after_a_map_change_an_old_pods_devices_hold_the_new_maps_entries_that_share_them():
+    old = rs_pod(name="web-aaaa1-x", node="node1", entry=3, devices="0,1", digest="aaaa1")
+    old["metadata"]["annotations"]["gpu-scheduling-map"] = "3=node1:0,1\n"
+    pod = rs_pod(digest="bbbb2", name="web-bbbb2-y")  # MAP: entry 0 is node1:0,1
+    assert FRAMEWORK.evaluate(pod, view([old, pod])).of(pod).decision.node_name == "node2"
+    moved = rs_pod(name="web-aaaa1-x", node="node1", entry=0, devices="2,3", digest="aaaa1")
+    moved["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:2,3\n"
+    assert FRAMEWORK.evaluate(pod, view([moved, pod])).of(pod).decision.node_name == "node1"
+
+
+def test_a_high_priority_pool_pod_preempts_for_one_entry_held_by_another_workloads_lower_priority_pod():
+    victims = [{"metadata": {"name": f"low-{i}", "namespace": "ns", "uid": f"low-{i}",
+                             "annotations": {"gpu-scheduler/devices": "0,1"},
+                             "ownerReferences": [{"kind": "StatefulSet", "name": "low", "controller": True}]},
+                "spec": {"schedulerName": "gpu-scheduler", "nodeName": f"node{i}", "priority": 0,
+                         "containers": [{"name": "c"}]},
+                "status": {"phase": "Running"}} for i in (1, 2)]
+    pod = rs_pod()
+    pod["metadata"]["annotations"]["gpu-scheduling-map"] = "0=node1:0,1\n1=node2:0,1\n"
+    pod["spec"]["priority"] = 1000
+    verdict = FRAMEWORK.evaluate(pod, view([*victims, pod]))
+    assert verdict.status.code is Code.UNSCHEDULABLE
+    assert "entry 0 (node1:0,1): GPU 0 on node1 is held by ns/low-1" in verdict.status.message
+    assert verdict.post_filter.outcome == "Preempted"
+    assert verdict.post_filter.explained == "would preempt ns/low-1 (priority 0) on node1"  # the first entry's holder only

@@ -21,6 +21,7 @@ from .snapshot import NodeSnapshot
 
 if TYPE_CHECKING:  # mutate's image has no kubeapi, and imports plugins (NodeAffinity) for their checks
     from kubeapi.errors import APIError
+    from ..podinputs import PodInputs
 
 Pod = Mapping[str, Any]
 
@@ -125,6 +126,22 @@ class CycleState:
 # devices the pod takes on its node. The shell's cache counts them from assume until the watch
 # shows the pod bound, so two attempts of one instance never give one device twice.
 DEVICES = "Framework/devices"
+
+
+# CycleState key: the pod's PodInputs (gpu_scheduler/podinputs.py), written by the framework before
+# PreFilter: what every plugin reads of the pod being decided.
+POD_INPUTS = "Framework/pod-inputs"
+
+
+def inputs(state: CycleState, pod: Pod) -> "PodInputs":
+    """The pod's inputs as its cycle worked them out (worked out now for a state that has none: a
+    test's, or a filter run on its own)."""
+    found = state.read(POD_INPUTS)
+    if found is None:
+        from ..podinputs import PodInputs  # the core's: imports fit, which this module must not import first
+        found = PodInputs.of(pod)
+        state.write(POD_INPUTS, found)
+    return found
 
 
 # CycleState key: the annotations the pod's Binding writes on it (the devices it is given, a pool

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .interface import (
-    BOUND_ANNOTATIONS, DEVICES, RETRY, SUCCESS, Candidates, Cluster, Code, CycleState, PermitStage, PodGroup,
+    BOUND_ANNOTATIONS, DEVICES, POD_INPUTS, RETRY, SUCCESS, Candidates, Cluster, Code, CycleState, PermitStage, PodGroup,
     PostFilterResult, Refusal, Status, error, unresolvable,
 )
 from ..fit import PodInfo
+from ..podinputs import PodInputs
 from .profile import Profile, Registry, build
 from .snapshot import NodeSnapshot
 
@@ -197,6 +198,7 @@ class Framework:
     def decide(self, pod: Mapping[str, Any], snapshot_of: Callable[[str], NodeSnapshot]) -> Decision:
         """PreFilter, then Filter on the node PreFilter's results name, on its snapshot."""
         state = CycleState()
+        state.write(POD_INPUTS, PodInputs.of(pod))  # read once, by every plugin of the cycle
         nodes: frozenset[str] | None = None
         offered: Candidates | None = None
         for plugin in self.profile.pre_filter:

@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from ..fit import SHARE_ANNOTATION, PodInfo, shares_gpus, workload
+from ..fit import SHARE_ANNOTATION, PodInfo
 from ..framework.events import POD_LEAVES, RECORD_FREED, RECORD_UPDATE
 from kubeapi.errors import APIError
 
 from ..framework.interface import (
-    SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, unschedulable,
+    SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, inputs, unschedulable,
 )
-from ..fit import pod_priority
+from ..podinputs import PodInputs
 from ..records import (
-    GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, in_grace, lease_for, live_holder, nomination, workload_key,
+    GRACE_SECONDS, MAX_HOLDERS, RENEW_AFTER_SECONDS, Record, in_grace, lease_for, live_holder, nomination,
 )
 from .mapentry import resolved
 
@@ -115,10 +115,10 @@ def record_step(record: Record | None, mine: str, shares: bool, pods_on_node: It
     return Write(record, (mine,))
 
 
-def gpus_held(pod: Mapping[str, Any], devices: Iterable[str], node: str, pods: Iterable[PodInfo]) -> str | None:
+def gpus_held(me: PodInputs, devices: Iterable[str], node: str, pods: Iterable[PodInfo]) -> str | None:
     """The first of `devices` that a pod of another workload on the node holds, named with its
     holder; None when all are free to this pod."""
-    mine, sharing = workload(pod), shares_gpus(pod)
+    mine, sharing = me.workload, me.shares
     pods = tuple(pods)
     for device in devices:
         for other in pods:
@@ -133,16 +133,14 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
     events = frozenset({POD_LEAVES, RECORD_FREED, RECORD_UPDATE})
 
     def filter(self, state: CycleState, pod, node) -> Status:
-        placement = resolved(state).placement
-        problem = gpus_held(pod, placement.devices, node.name, node.info.pods)
+        placement, me = resolved(state).placement, inputs(state, pod)
+        problem = gpus_held(me, placement.devices, node.name, node.info.pods)
         if problem:
             return unschedulable(NAME, problem)
-        mine, shares = workload_key(workload(pod)), shares_gpus(pod)
-        uid, priority = str((pod.get("metadata") or {}).get("uid") or ""), pod_priority(pod)
         steps = []
         for device in placement.devices:
             record = node.records.get(device)
-            step = record_step(record, mine, shares, node.info.pods, node.now, node.gone, uid, priority)
+            step = record_step(record, me.holder, me.shares, node.info.pods, node.now, node.gone, me.uid, me.priority)
             if isinstance(step, Held):
                 return unschedulable(NAME, step.message)
             steps.append((device, step))
@@ -152,9 +150,8 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
     def reserve(self, state: CycleState, pod, node, cluster: RecordStore) -> Status:
         """Record each device given, before the Binding: a create, or an update at the version
         decided from. When another writer was first (409), read the record and decide again."""
-        meta = pod.get("metadata") or {}
-        who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
-        mine, shares = workload_key(workload(pod)), shares_gpus(pod)
+        me = inputs(state, pod)
+        who, uid, mine, shares = me.name, me.uid, me.holder, me.shares
         created: list[tuple[str, str]] = []
         state.write(CREATED, created)
         for device, step in state.read(STEPS, []):
@@ -181,7 +178,7 @@ class GPUsHeld(FilterPlugin, ReservePlugin):
                     return api_failure(NAME, f"reading the record of GPU {device} on {node.name}", failure)
                 now = cluster.snapshot(node.name)
                 step = record_step(record, mine, shares, now.info.without(uid).pods, now.now, now.gone, uid,
-                                   pod_priority(pod))
+                                   me.priority)
                 if isinstance(step, Held):
                     return unschedulable(NAME, step.message)
             else:

@@ -7,19 +7,17 @@ refusal here is the pod's own (its map, its name), so only a change of the pod c
 registers no cluster event."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .. import ANNOTATION, SCHEDULER_NAME
 from ..framework.interface import (
-    BOUND_ANNOTATIONS, DEVICES, Candidate, Candidates, CycleState, PreFilterPlugin, PreFilterResult, unresolvable,
+    BOUND_ANNOTATIONS, DEVICES, Candidate, Candidates, CycleState, PreFilterPlugin, PreFilterResult, inputs,
+    unresolvable,
 )
-from ..placement import (
-    ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, Resolved, map_text, metadata, pool_of, resolve, spec,
-)
+from ..placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, Resolved, map_text, resolve
+from ..podinputs import NO_ANNOTATION
 
 NAME = "MapEntry"
-NO_ANNOTATION = "NoAnnotation"
 RESOLVED = "MapEntry/resolved"  # CycleState key: the pod's Resolved entry
 NO_FREE_ENTRY = "no entry of the pool is free"
 POOL_FIX = (f"Add entries to {ANNOTATION}, or set maxSurge: 0 on the Deployment so that an old pod leaves before a"
@@ -31,25 +29,6 @@ def entry(pod: Mapping[str, Any]) -> Resolved:
     if map_text(pod) is None:
         raise NotPlaceable(NO_ANNOTATION, f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation")
     return resolve(pod)
-
-
-@dataclass(frozen=True)
-class EntryChoice:
-    """The entries a pod may take, in the order to try them: its own entry, or (a pool pod not
-    bound yet) every entry of its map."""
-
-    options: tuple[Resolved, ...]
-    pool: bool
-
-
-def choice(pod: Mapping[str, Any]) -> EntryChoice:
-    """What the pod may take, or NotPlaceable with the reason users see."""
-    if map_text(pod) is None:
-        raise NotPlaceable(NO_ANNOTATION, f"pod has schedulerName {SCHEDULER_NAME!r} but no map annotation")
-    pool = pool_of(pod)
-    if pool is None or (spec(pod).get("nodeName") and ENTRY_ANNOTATION in (metadata(pod).get("annotations") or {})):
-        return EntryChoice((resolve(pod),), False)
-    return EntryChoice(pool.candidates(), True)
 
 
 def resolved(state: CycleState) -> Resolved:
@@ -83,10 +62,9 @@ class MapEntry(PreFilterPlugin):
     def pre_filter(self, state: CycleState, pod: Mapping[str, Any]) -> PreFilterResult:
         """The entry's one node is the pod's only candidate (the result names it); its devices are
         what the cache counts once the pod is assumed. A pool pod's candidates are its map's entries."""
-        try:
-            found = choice(pod)
-        except NotPlaceable as why:
-            return PreFilterResult(unresolvable(NAME, why.message, why.reason))
+        found = inputs(state, pod).choice
+        if not found.options:
+            return PreFilterResult(unresolvable(NAME, found.message, found.reason))
         if found.pool:
             options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in found.options)
             return PreFilterResult(node_names=frozenset(c.node for c in options),

@@ -22,10 +22,14 @@ from typing import Any, Protocol
 
 from kubeapi.errors import APIError
 
-from ..fit import PodInfo, workload
+from ..fit import PodInfo
 from ..framework.events import POD_LEAVES, RECORD_FREED, RECORD_UPDATE
-from ..framework.interface import SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, unresolvable
-from ..records import EntryRecord, entry_in_grace, entry_lease_for, workload_key
+from ..framework.interface import (
+    SUCCESS, CycleState, FilterPlugin, ReservePlugin, Status, api_failure, error, inputs, unresolvable,
+)
+from ..placement import Resolved
+from ..podinputs import PodInputs
+from ..records import EntryRecord, entry_in_grace, entry_lease_for
 from .mapentry import resolved
 
 NAME = "PoolEntry"
@@ -41,17 +45,19 @@ class EntryStore(Protocol):
     def delete_record(self, name: str, resource_version: str) -> None: ...
 
 
-def _uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
-
-
-def held_by(pod: Mapping[str, Any], entry: int, pods_on_node: tuple[PodInfo, ...], record: EntryRecord | None,
+def held_by(me: PodInputs, entry: Resolved, pods_on_node: tuple[PodInfo, ...], record: EntryRecord | None,
             now: float, gone) -> str | None:
-    """Who other than `pod` holds `entry` of its workload's pool on the entry's node ('held by
-    <pod>'), or None when it is free to `pod`."""
-    mine, uid = workload(pod), _uid(pod)
+    """Who other than the pod of `me` holds `entry` of its workload's pool on the entry's node ('held by
+    <pod>'), or None when it is free to `pod`. A pod of the workload that took its entry from
+    another map (a rollout that changed the map) holds the devices it was given, whatever their
+    entry's index: the new map's entries sharing them wait for it, as sharing is the map's to say."""
+    mine, uid = me.workload, me.uid
+    devices = set(entry.placement.devices)
     for other in pods_on_node:
-        if other.entry == entry and other.workload == mine and other.uid != uid:
+        if other.workload != mine or other.uid == uid or other.entry is None:
+            continue
+        same_map = other.pool_map == entry.map_text
+        if (other.entry == entry.index and same_map) or (not same_map and devices & set(other.devices)):
             return f"held by {other.name}" + (" (terminating)" if other.terminating else "")
     if record is not None and record.last_uid != uid and entry_in_grace(record, now, gone):
         return f"given to {record.last_pod} by a bind instance, being bound"
@@ -66,8 +72,9 @@ class PoolEntry(FilterPlugin, ReservePlugin):
         entry = resolved(state)
         if not entry.pooled:
             return SUCCESS
-        record = node.entries.get((workload_key(workload(pod)), entry.index))
-        holder = held_by(pod, entry.index, node.info.pods, record, node.now, node.gone)
+        me = inputs(state, pod)
+        record = node.entries.get((me.holder, entry.index))
+        holder = held_by(me, entry, node.info.pods, record, node.now, node.gone)
         if holder:
             return unresolvable(NAME, holder)
         state.write(PREVIOUS, record)
@@ -80,10 +87,9 @@ class PoolEntry(FilterPlugin, ReservePlugin):
         entry = resolved(state)
         if not entry.pooled:
             return SUCCESS
-        meta = pod.get("metadata") or {}
-        who, uid = f"{meta.get('namespace')}/{meta.get('name')}", _uid(pod)
+        me = inputs(state, pod)
         previous: EntryRecord | None = state.read(PREVIOUS)
-        body = entry_lease_for(node.name, workload_key(workload(pod)), entry.index, who, uid, time.time(), previous)
+        body = entry_lease_for(node.name, me.holder, entry.index, me.name, me.uid, time.time(), previous)
         try:
             if previous is None:
                 written = cluster.create_record(body)
