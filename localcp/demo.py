@@ -27,6 +27,17 @@ pod's index (JobSet: job-index × completions + completion index; LWS: group × 
 and log line; the demo fails (exit 1) unless every pod runs on its entry's node with
 CUDA_VISIBLE_DEVICES equal to its entry's devices.
 
+`make demo WORKLOAD=deployment` (--workload deployment): a pool (docs/usage.md, "Deployments and
+pools"). examples/deployment-vllm.yaml, a Deployment of 4 replicas whose pods have no index, with
+its containers replaced by the seed's check container, run by kube-controller-manager's own
+Deployment controller (no other controller). Its 4 pods Running, each with the entry bind gave it
+(gpu-scheduler/entry), its node, its devices (gpu-scheduler/devices) and its log line; then a
+rollout (a template annotation): maxSurge 0, so each old pod leaves before a new one takes its
+entry; the new ReplicaSet's 4 pods Running and the old ones gone, shown the same way. The demo
+fails (exit 1) if two pods of the Deployment that have not ended (one of them being deleted
+included: its containers may still run) hold one entry at any time it looks, or if a pod's log
+line names other devices than its gpu-scheduler/devices annotation, or than its entry's.
+
 `make demo WORKLOAD=kueue` (--workload kueue): the real Kueue queues pinned jobs
 (examples/kueue/): its ClusterQueue covers 8 of gpu-scheduler.io/gpu, which mutate writes on each
 pinned template (docs/quotas.md). Two Indexed Jobs of examples/kueue/job.yaml, 4 pods × 2 GPUs
@@ -272,6 +283,7 @@ JOB_COMPLETIONS = "gpu-scheduler/job-completions"
 WORKLOADS = {  # --workload: (example, its kind, the label that names its pods' workload)
     "jobset": (EXAMPLES / "jobset-torchrun.yaml", "JobSet", f"{JOBSET_LABEL}/jobset-name"),
     "lws": (EXAMPLES / "lws-vllm.yaml", "LeaderWorkerSet", f"{LWS_LABEL}/name"),
+    "deployment": (EXAMPLES / "deployment-vllm.yaml", "Deployment", "app"),  # a pool: no controller to run
 }
 LOG_LINE = re.compile(r"node=(\S+) CUDA_VISIBLE_DEVICES=(\S+)")
 
@@ -284,8 +296,10 @@ def example_workload(workload: str) -> dict:
 
 
 def pod_templates(manifest: dict) -> list[dict]:
-    """The pod templates of a JobSet (one per replicated job) or a LeaderWorkerSet (its leader's,
-    if any, and its workers')."""
+    """The pod templates of a JobSet (one per replicated job), a LeaderWorkerSet (its leader's,
+    if any, and its workers'), a Deployment or a Knative Service (spec.template)."""
+    if manifest["kind"] in ("Deployment", "Service"):
+        return [manifest["spec"]["template"]]
     if manifest["kind"] == "JobSet":
         return [job["template"]["spec"]["template"] for job in manifest["spec"]["replicatedJobs"]]
     template = manifest["spec"]["leaderWorkerTemplate"]
@@ -311,7 +325,10 @@ def demo_workload(workload: str) -> dict:
 
 
 def pod_count(manifest: dict) -> int:
-    """The pods the workload creates: JobSet, Σ replicas × parallelism; LWS, replicas × size."""
+    """The pods the workload creates: JobSet, Σ replicas × parallelism; LWS, replicas × size;
+    Deployment, replicas."""
+    if manifest["kind"] == "Deployment":
+        return manifest["spec"].get("replicas", 1)
     if manifest["kind"] == "JobSet":
         return sum(job.get("replicas", 1) * job["template"]["spec"].get("parallelism", 1)
                    for job in manifest["spec"]["replicatedJobs"])
@@ -416,6 +433,176 @@ def main_workload(workload: str) -> int:
                        shown_map.strip().splitlines()))
         print(stack.apply(manifest), end="")
         failure = ran_workload(stack, workload, manifest)
+        step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
+        nodes = stack.nodes
+        processes = list(stack.cp.processes.values())
+    return torn_down(nodes, processes, failure)
+
+
+# --workload deployment: examples/deployment-vllm.yaml, a pool: each pod takes a free entry.
+ENTRY_ANNOTATION = "gpu-scheduler/entry"      # bind's Binding: the map index of the entry it chose
+DEVICES_ANNOTATION = "gpu-scheduler/devices"  # bind's Binding: that entry's devices
+TEMPLATE_HASH = "pod-template-hash"           # the Deployment controller's: one value per ReplicaSet
+ROLLOUT = {"demo/rollout": "2"}               # the template change that rolls the Deployment
+SHOWN_MESSAGES = 4                            # distinct FailedScheduling messages shown after the rollout
+
+
+class SharedEntry(Exception):
+    """Two live pods of the Deployment hold one entry."""
+
+
+def live(pod: dict) -> bool:
+    """Not ended (Succeeded, Failed): the pod holds its entry, while it is being deleted too (its
+    containers may still run on the entry's GPUs until it is gone: bind holds the entry as long)."""
+    return pod["status"].get("phase") not in ("Succeeded", "Failed")
+
+
+def entry_of(pod: dict) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(ENTRY_ANNOTATION)
+
+
+def check_entries(pods: list[dict]) -> None:
+    """Raises SharedEntry if two live pods (being deleted or not) hold one entry."""
+    holders: dict[str, list[str]] = {}
+    for pod in pods:
+        if live(pod) and entry_of(pod) is not None:
+            terminating = " (terminating)" if pod["metadata"].get("deletionTimestamp") else ""
+            holders.setdefault(entry_of(pod), []).append(pod["metadata"]["name"] + terminating)
+    shared = [f"entry {entry} held by {' and '.join(sorted(names))}"
+              for entry, names in sorted(holders.items()) if len(names) > 1]
+    if shared:
+        raise SharedEntry("; ".join(shared))
+
+
+def pool_table(stack: LocalStack, pods: list[dict]) -> list[str]:
+    """Prints a row per pod: its name, the entry bind gave it, its node, its devices (bind's
+    annotations) and its log line. Returns what is wrong: a log line whose CUDA_VISIBLE_DEVICES is
+    not the devices annotation, or a pod not where its entry of the map says."""
+    rows, wrong = [], []
+    for pod in pods:
+        name, annotations = pod["metadata"]["name"], pod["metadata"].get("annotations") or {}
+        line = stack.wait_for(lambda: stack.cp.kubectl("logs", name, "--tail=1").stdout.strip(), 15, f"{name}'s log")
+        entry = entry_of(pod)
+        rows.append((int(entry) if entry and entry.isdigit() else -1, name, entry, pod["spec"].get("nodeName"),
+                     annotations.get(DEVICES_ANNOTATION), line, annotations.get(MAP_ANNOTATION, "")))
+    print(f"    {'POD':<24} {'ENTRY':<6} {'NODE':<6} {'DEVICES':<8} LOG")
+    for _, name, entry, node, devices, line, text in sorted(rows):
+        print(f"    {name:<24} {entry or '-':<6} {node or '-':<6} {devices or '-':<8} {line}")
+        logged = LOG_LINE.search(line)
+        if entry is None or devices is None:
+            wrong.append(f"{name} on {node}: no {ENTRY_ANNOTATION} or {DEVICES_ANNOTATION} annotation (bound"
+                         " without an entry of the pool?)")
+            continue
+        if not logged or logged.groups() != (node, devices):
+            wrong.append(f"{name}: its log line says {logged.group(0) if logged else repr(line)}; it is on {node},"
+                         f" its {DEVICES_ANNOTATION} annotation {devices}")
+        placement = parse_map(text).get(int(entry)) if entry.isdigit() else None
+        if placement is None or (placement.node, placement.visible_devices) != (node, devices):
+            want = f"{placement.node}:{placement.visible_devices}" if placement else "no such entry"
+            wrong.append(f"{name}: entry {entry} of its map is {want}; the pod is on {node} with devices {devices}")
+    return wrong
+
+
+def ran_pool(stack: LocalStack, manifest: dict, selector: str) -> str | None:
+    """--workload deployment after the apply: the pods Running, shown; the rollout; the new pods
+    Running and the old ones gone, shown. None, or what failed."""
+    name, count = manifest["metadata"]["name"], pod_count(manifest)
+
+    def settled(old_hashes: set[str]):
+        """The `count` pods, all Running, none being deleted, none of a ReplicaSet of old_hashes."""
+        pods = stack.pods("default", selector)
+        check_entries(pods)
+        if any(p["metadata"].get("labels", {}).get(TEMPLATE_HASH) in old_hashes for p in pods):
+            return None
+        if len(pods) != count or not all(p["status"].get("phase") == "Running" and not p["metadata"].get(
+                "deletionTimestamp") for p in pods):
+            return None
+        return pods
+
+    def waited(what: str, old_hashes: set[str], timeout: float) -> tuple[list[dict] | None, str | None]:
+        try:
+            return stack.wait_for(lambda: settled(old_hashes), timeout, what), None
+        except SharedEntry as shared:
+            failure = f"two pods of Deployment {name} hold one entry at once: {shared}"
+        except TimeoutError as failed:
+            failure = str(failed)
+        print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", selector, "-L", TEMPLATE_HASH).stdout, end="")
+        for message in waiting_messages(stack, name):
+            print(f"    FailedScheduling: {message}")
+        return None, failure
+
+    started = time.monotonic()
+    pods, failure = waited(f"the {count} pods of Deployment {name} Running", set(), 180)
+    if failure:
+        return failure
+    print(f"    {count} Running {time.monotonic() - started:.1f}s after the apply")
+    step(f"kubectl get pod -o wide -l {selector} -L {TEMPLATE_HASH}")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", selector, "-L", TEMPLATE_HASH).stdout, end="")
+    step(f"Each pod: the entry bind chose ({ENTRY_ANNOTATION}), its node, its devices ({DEVICES_ANNOTATION},"
+         " which CUDA_VISIBLE_DEVICES\n    reads through the downward API) and its log line (kubectl logs --tail=1)")
+    wrong = pool_table(stack, pods)
+    if wrong:
+        return "; ".join(wrong)
+    old_hashes = {p["metadata"]["labels"][TEMPLATE_HASH] for p in pods}
+    step(f"kubectl patch deployment {name}: template annotation {json.dumps(ROLLOUT)}   (a rollout: a new"
+         f" ReplicaSet;\n    maxSurge 0, maxUnavailable 1: an old pod leaves, freeing its entry, before each"
+         " new one is created)")
+    rolled = time.monotonic()
+    patch = {"spec": {"template": {"metadata": {"annotations": ROLLOUT}}}}
+    print(stack.cp.kubectl("patch", "deployment", name, "--type", "merge", "-p", json.dumps(patch)).stdout, end="")
+    pods, failure = waited(f"the new ReplicaSet's {count} pods Running and the old ones gone", old_hashes, 300)
+    if failure:
+        return failure
+    print(f"    rolled out {time.monotonic() - rolled:.1f}s after the patch: {count} new pods Running, the old"
+          f" ReplicaSet's {count} gone")
+    messages = waiting_messages(stack, name)
+    step("bind's FailedScheduling Events for the Deployment's pods (a new pod waiting for its entry's old holder"
+         " to be gone)")
+    print("".join(f"    {message}\n" for message in messages[:SHOWN_MESSAGES]) or "    none\n", end="")
+    if len(messages) > SHOWN_MESSAGES:
+        print(f"    ... and {len(messages) - SHOWN_MESSAGES} more")
+    step(f"kubectl get pod -o wide -l {selector} -L {TEMPLATE_HASH}   (only the new ReplicaSet's)")
+    print(stack.cp.kubectl("get", "pod", "-o", "wide", "-l", selector, "-L", TEMPLATE_HASH).stdout, end="")
+    step("Each new pod: its entry, node, devices and log line")
+    wrong = pool_table(stack, pods)
+    if not wrong:
+        print(f"    all {count}: one entry each, CUDA_VISIBLE_DEVICES = {DEVICES_ANNOTATION} = their entry's devices")
+    return "; ".join(wrong) or None
+
+
+def waiting_messages(stack: LocalStack, name: str) -> list[str]:
+    """The distinct messages of the FailedScheduling Events of the Deployment's pods (named
+    <name>-<hash>-<suffix>), oldest first."""
+    query = "fieldSelector=reason%3DFailedScheduling,involvedObject.kind%3DPod"
+    events = json.loads(stack.cp.get(f"/api/v1/namespaces/default/events?{query}"))["items"]
+    ours = sorted((e for e in events if e["involvedObject"]["name"].startswith(f"{name}-")),
+                  key=lambda e: e.get("firstTimestamp") or e.get("eventTime") or "")
+    return list(dict.fromkeys(e["message"] for e in ours))
+
+
+def main_deployment() -> int:
+    """--workload deployment."""
+    path, _, label = WORKLOADS["deployment"]
+    manifest = demo_workload("deployment")
+    selector = f"{label}={manifest['metadata']['name']}"
+    step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
+    ensure_built()
+    step(f"Starting etcd, kube-apiserver, kube-controller-manager (its Deployment controller), kube-scheduler"
+         f" {KUBERNETES_VERSION};\n    node1..node4 (a kubelet and a containerd each); "
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+    started = time.monotonic()
+    with LocalStack(real_nodes=True) as stack:
+        print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
+        print("    " + "; ".join(stack.cp.versions()))
+        print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        [shown_map] = {t["metadata"]["annotations"][MAP_ANNOTATION] for t in pod_templates(manifest)}
+        strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        step(f"kubectl apply -f {path.relative_to(REPO)}, its containers replaced by the seed's check container\n"
+             f"    ({pod_count(manifest)} replicas, no index: each takes a free entry of the pool; maxSurge"
+             f" {strategy['maxSurge']}, maxUnavailable {strategy['maxUnavailable']}; the example's map):\n"
+             + "".join(f"      {line}\n" for line in shown_map.strip().splitlines()))
+        print(stack.apply(manifest), end="")
+        failure = ran_pool(stack, manifest, selector)
         step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
         nodes = stack.nodes
         processes = list(stack.cp.processes.values())
@@ -613,11 +800,14 @@ def main(argv=None) -> int:
                       help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
     mode.add_argument("--workload", choices=sorted([*WORKLOADS, "kueue"]),
                       help="instead of the seed, the example JobSet (examples/jobset-torchrun.yaml) or"
-                           " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller; kueue:"
-                           " two pinned Jobs (examples/kueue/) through one ClusterQueue of 8 GPUs")
+                           " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller; deployment:"
+                           " the example Deployment (examples/deployment-vllm.yaml), a pool, placed and then"
+                           " rolled; kueue: two pinned Jobs (examples/kueue/) through one ClusterQueue of 8 GPUs")
     args = parser.parse_args(argv)
     if args.workload == "kueue":
         return main_kueue()
+    if args.workload == "deployment":
+        return main_deployment()
     if args.workload:
         return main_workload(args.workload)
     failure = None

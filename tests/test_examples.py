@@ -10,6 +10,7 @@ import yaml
 
 from conftest import REPO
 from localcp.eventsource import ping_headers
+from schemas import custom_resource_errors, load_documents, manifest_errors
 from tests.fixtures import SAMPLES
 
 EXAMPLES = REPO / "examples"
@@ -68,6 +69,9 @@ def test_bind_without_an_api_server_keeps_the_example_event_for_its_queue(bind_s
 
 # -- the workload examples users copy: examples/jobset-torchrun.yaml, examples/lws-vllm.yaml -----
 WORKLOAD_EXAMPLES = {"jobset-torchrun.yaml": "JobSet", "lws-vllm.yaml": "LeaderWorkerSet"}
+# ... and the pool examples (further down): their pods have no index and take free entries.
+POOL_EXAMPLES = {"deployment-vllm.yaml": ("apps/v1", "Deployment"),
+                 "knative-service.yaml": ("serving.knative.dev/v1", "Service")}
 
 
 def workload_example(name: str) -> dict:
@@ -130,13 +134,14 @@ def test_a_workload_examples_pods_each_have_their_own_map_entry(name):
     assert {entries[i].node for i in indexes} == {"node1", "node2", "node3", "node4"}
 
 
-@pytest.mark.parametrize("name", WORKLOAD_EXAMPLES)
+@pytest.mark.parametrize("name", [*WORKLOAD_EXAMPLES, *POOL_EXAMPLES])
 def test_a_workload_examples_pods_are_gpu_schedulers_and_request_no_gpus(name):
     """schedulerName gpu-scheduler on every template; no nvidia.com/gpu request (the device plugin
     would pick other GPUs); images named without a registry host."""
     from localcp import demo
 
-    for template in demo.pod_templates(workload_example(name)):
+    workload = workload_example(name) if name in WORKLOAD_EXAMPLES else pool_example(name)
+    for template in demo.pod_templates(workload):
         assert template["spec"]["schedulerName"] == "gpu-scheduler"
         for container in template["spec"]["containers"]:
             resources = container.get("resources") or {}
@@ -186,10 +191,11 @@ def test_plan_places_a_workload_examples_pods(name):
     assert all(row.placeable for row in result.rows), [row.problems for row in result.rows]
 
 
-@pytest.mark.parametrize("workload", ["jobset", "lws"])
+@pytest.mark.parametrize("workload", ["jobset", "lws", "deployment"])
 def test_the_demo_runs_the_example_with_the_check_container(workload):
     """make demo WORKLOAD=...: the example with each template's containers the seed's; its map,
-    annotations, labels and schedulerName kept; a JobSet's pods restartPolicy Never."""
+    annotations, labels and schedulerName kept (a Deployment's replicas and strategy too); a
+    JobSet's pods restartPolicy Never."""
     from localcp import demo
 
     example, ran = demo.example_workload(workload), demo.demo_workload(workload)
@@ -201,6 +207,152 @@ def test_the_demo_runs_the_example_with_the_check_container(workload):
         assert changed["spec"]["schedulerName"] == shipped["spec"]["schedulerName"]
         assert changed["spec"].get("restartPolicy") == ("Never" if workload == "jobset" else None)
     assert demo.pod_count(ran) == 4
+    if workload == "deployment":
+        assert {k: v for k, v in ran["spec"].items() if k != "template"} == {
+            k: v for k, v in example["spec"].items() if k != "template"}
+
+
+# -- the pool examples users copy: examples/deployment-vllm.yaml, examples/knative-service.yaml --
+TENSOR_PARALLEL = "--tensor-parallel-size"
+
+
+def pool_example(name: str) -> dict:
+    """The example's Deployment or Knative Service (the Deployment's file holds a Service besides)."""
+    [found] = [d for d in load_documents(EXAMPLES / name) if (d["apiVersion"], d["kind"]) == POOL_EXAMPLES[name]]
+    return found
+
+
+def pool_pod(workload: dict) -> dict:
+    """A pod of the workload as its ReplicaSet creates it: generateName and a name whose suffix is
+    all digits (a pool pod never reads an index from it), the template's labels and annotations,
+    the ReplicaSet as its controller; a Knative revision's pod with the labels Knative sets."""
+    template, name = workload["spec"]["template"], workload["metadata"]["name"]
+    labels = {**(template["metadata"].get("labels") or {}), "pod-template-hash": "7d4b9c6f58"}
+    replica_set = f"{name}-7d4b9c6f58"
+    if workload["kind"] == "Service":  # Knative: revision <service>-00001, its Deployment <revision>-deployment
+        labels.update({"serving.knative.dev/service": name, "serving.knative.dev/configuration": name,
+                       "serving.knative.dev/revision": f"{name}-00001"})
+        replica_set = f"{name}-00001-deployment-7d4b9c6f58"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{replica_set}-12345", "generateName": f"{replica_set}-", "namespace": "default",
+                         "labels": labels, "annotations": dict(template["metadata"]["annotations"]),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set,
+                                              "uid": "0e0b7b1a-0000-4000-8000-000000000001", "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": template["spec"]}
+
+
+@pytest.mark.parametrize("name", POOL_EXAMPLES)
+def test_a_pool_example_validates_against_its_schema(name):
+    """Every document: a core kind with kubernetes-validate (strict, at the kind node's Kubernetes
+    version); the Knative Service against Knative Serving's CRD (tests/fixtures/k8s-schemas),
+    unknown fields refused even where the CRD preserves them."""
+    for doc in load_documents(EXAMPLES / name):
+        errors = manifest_errors(doc)
+        if doc["apiVersion"].startswith("serving.knative.dev/"):
+            errors += custom_resource_errors(doc, strict_preserved=True)
+        assert not errors, f"examples/{name}: {doc['kind']} {doc['metadata']['name']}:\n" + "\n".join(errors)
+
+
+@pytest.mark.parametrize("name", POOL_EXAMPLES)
+def test_a_pool_examples_pods_take_entries_of_its_map(name):
+    """Its pods are pool pods (no index; gpu-scheduler gives each a free entry) with the map as
+    their pool, the Deployment's or the Knative Service's (every ReplicaSet, every revision). Entries are of the local nodes (node1..node4, GPUs below GPUS_PER_NODE), no two
+    name one GPU, and all are as large as --tensor-parallel-size: every pod runs the same command."""
+    from gpu_scheduler.fit import workload as workload_of
+    from gpu_scheduler.placement import pool_of
+    from gpu_scheduler.podindex import is_pool
+    from gpu_scheduler.schedmap import parse_map
+    from localcp.cluster import GPUS_PER_NODE
+
+    workload = pool_example(name)
+    pod = pool_pod(workload)
+    assert is_pool(pod["metadata"])
+    assert workload_of(pod) == ("owner", "default", workload["kind"], workload["metadata"]["name"])
+    entries = parse_map(workload["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"])
+    assert dict(pool_of(pod).entries) == dict(entries)
+    gpus = [(entry.node, device) for entry in entries.values() for device in entry.device_indexes()]
+    assert len(gpus) == len(set(gpus)), "two entries name one GPU"
+    assert {node for node, _ in gpus} == {"node1", "node2", "node3", "node4"}
+    assert all(device < int(GPUS_PER_NODE) for _, device in gpus)
+    [container] = workload["spec"]["template"]["spec"]["containers"]
+    arguments = container["args"]
+    tensor_parallel = int(arguments[arguments.index(TENSOR_PARALLEL) + 1])
+    assert {len(entry.devices) for entry in entries.values()} == {tensor_parallel}
+
+
+def test_the_deployment_example_rolls_within_its_pool():
+    """4 replicas, 4 entries: no spare entry, so maxSurge 0 (a surge pod would find every entry
+    held) and maxUnavailable 1 (else the rollout could not start)."""
+    from gpu_scheduler.schedmap import parse_map
+
+    workload = pool_example("deployment-vllm.yaml")
+    entries = parse_map(workload["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"])
+    strategy = workload["spec"]["strategy"]
+    assert (workload["spec"]["replicas"], len(entries)) == (4, 4)
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert strategy["rollingUpdate"]["maxSurge"] <= len(entries) - workload["spec"]["replicas"]
+    [service] = [d for d in load_documents(EXAMPLES / "deployment-vllm.yaml") if d["kind"] == "Service"]
+    assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
+
+
+def test_the_knative_example_leaves_a_new_revision_room_in_the_pool():
+    """A fixed scale (min-scale = max-scale); every revision shares the Service's pool, and Knative
+    keeps the old revision (up to max-scale pods) until the new one has its initial scale (the
+    larger of initial-scale, default 1, and min-scale): the map has room for both. The file says
+    which Knative feature flags it needs, with the command that turns them on."""
+    from gpu_scheduler.schedmap import parse_map
+
+    workload = pool_example("knative-service.yaml")
+    annotations = workload["spec"]["template"]["metadata"]["annotations"]
+    low, high = int(annotations["autoscaling.knative.dev/min-scale"]), int(annotations["autoscaling.knative.dev/max-scale"])
+    initial = max(int(annotations.get("autoscaling.knative.dev/initial-scale", "1")), low)
+    entries = parse_map(annotations["gpu-scheduling-map"])
+    assert low == high == 4
+    assert len(entries) >= high + initial
+    assert workload["spec"]["template"]["spec"]["schedulerName"] == "gpu-scheduler"
+    text = (EXAMPLES / "knative-service.yaml").read_text()
+    assert ("kubectl -n knative-serving patch configmap config-features" in text
+            and '"kubernetes.podspec-schedulername": "enabled"' in text
+            and '"kubernetes.podspec-volumes-emptydir": "enabled"' in text)
+
+
+def test_the_deployment_demos_checks():
+    """make demo WORKLOAD=deployment's checks, offline: two pods on one entry fail it (a pod being
+    deleted holds its entry until it is gone, one that has ended none); a log line whose CUDA_VISIBLE_DEVICES is not the pod's
+    gpu-scheduler/devices, or a pod not where its entry says, is reported."""
+    from types import SimpleNamespace
+
+    from localcp import demo
+
+    text = pool_example("deployment-vllm.yaml")["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"]
+
+    def pod(name, entry, node, devices, deleting=False):
+        meta = {"name": name, "annotations": {demo.MAP_ANNOTATION: text, demo.ENTRY_ANNOTATION: entry,
+                                              demo.DEVICES_ANNOTATION: devices}}
+        if deleting:
+            meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+        return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+
+    good = [pod("vllm-a", "0", "node1", "0,1"), pod("vllm-b", "1", "node2", "0,1")]
+    ended = pod("vllm-done", "1", "node2", "0,1")
+    ended["status"]["phase"] = "Succeeded"
+    demo.check_entries(good + [ended])
+    with pytest.raises(demo.SharedEntry, match=r"entry 1 held by vllm-b and vllm-c$"):
+        demo.check_entries(good + [pod("vllm-c", "1", "node2", "0,1")])
+    with pytest.raises(demo.SharedEntry, match=r"entry 1 held by vllm-b and vllm-old \(terminating\)"):
+        demo.check_entries(good + [pod("vllm-old", "1", "node2", "0,1", deleting=True)])
+
+    logs = {"vllm-a": "node=node1 CUDA_VISIBLE_DEVICES=0,1", "vllm-b": "node=node2 CUDA_VISIBLE_DEVICES=2,3",
+            "vllm-c": "node=node3 CUDA_VISIBLE_DEVICES=0,1"}
+    stack = SimpleNamespace(wait_for=lambda condition, *_: condition(),
+                            cp=SimpleNamespace(kubectl=lambda *args: SimpleNamespace(stdout=logs[args[1]] + "\n")))
+    assert demo.pool_table(stack, good[:1]) == []
+    [wrong] = demo.pool_table(stack, good[1:])
+    assert "vllm-b" in wrong and "CUDA_VISIBLE_DEVICES=2,3" in wrong and "annotation 0,1" in wrong
+    [wrong] = demo.pool_table(stack, [pod("vllm-c", "3", "node3", "0,1")])
+    assert wrong == "vllm-c: entry 3 of its map is node4:0,1; the pod is on node3 with devices 0,1"
 
 
 def kueue_example(name: str) -> list[dict]:
