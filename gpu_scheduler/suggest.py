@@ -13,6 +13,12 @@ chosen.
 Which devices a node offers: GPU indexes 0..nvidia.com/gpu-1 (its capacity); in DRA mode the
 devices its ResourceSlices publish, each as the map device bind's device rule turns into it, kept
 under one `resource.kubernetes.io/pcieRoot` per replica when the driver publishes that attribute.
+
+A pool (a Deployment's pods, which have no index and take free entries of the map) gets one entry
+for each pod its rollout runs at once: replicas + maxSurge. Each entry is placed as a replica is,
+by a pod of the pool whose map is that entry alone (bind's PoolEntry among the filters). The
+workload's own running pods, which a rollout replaces, hold no entry of the new map here: their
+GPUs are the workload's own, as a StatefulSet's running pods' are.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from . import ANNOTATION
 from .devices import DRA, MODE_ANNOTATION
-from .fit import DEVICES_ANNOTATION
+from .fit import DEVICES_ANNOTATION, workload as workload_of
 from .plugins.config import SchedulerConfig
 from .framework.interface import Status
 from .framework.runtime import Decision, Framework
@@ -30,6 +36,7 @@ from .framework.snapshot import NodeSnapshot
 from .nodecheck import GPU_RESOURCE, gpu_capacity
 from .placement import metadata, spec
 from .plan import ManifestError, Workload, pod_for, pod_name
+from .records import workload_key
 from .plugins.dynamicresources import allocator as dra
 from .schedmap import MapError, parse_map
 
@@ -78,6 +85,13 @@ class Placed:
         return "".join(f"{c.entry}\n" for c in self.choices)
 
 
+def _noun(work: Workload, count: int) -> str:
+    """What suggest places one by one: a workload's replicas, a pool's entries."""
+    if work.pool:
+        return "entry" if count == 1 else "entries"
+    return "replica" if count == 1 else "replicas"
+
+
 @dataclass(frozen=True)
 class Shortfall:
     """Not every replica fits: which did, which did not, and what each node had free before
@@ -96,17 +110,19 @@ class Shortfall:
     def message(self) -> str:
         work, n = self.work, self.gpus
         count = len(self.placed) + len(self.unplaced)
-        need = f"{count} replica{'s' if count != 1 else ''} x {n} GPU{'s' if n != 1 else ''}"
+        need = f"{count} {_noun(work, count)} x {n} GPU{'s' if n != 1 else ''}"
         free = sum(len(f.free) for f in self.before)
         where = _free_listing(self.before)
         unplaced = ", ".join(map(str, self.unplaced[:SHOWN_NODES])) + (
             f", ... ({len(self.unplaced)} in all)" if len(self.unplaced) > SHOWN_NODES else "")
         together = f"{n} on one node" + (" under one PCIe root (resource.kubernetes.io/pcieRoot)" if self.one_root else "")
         left = sum(len(f.free) for f in self.after)
+        one, many = _noun(work, 1), _noun(work, count)
+        label = ("entry", "entries") if work.pool else ("index", "indexes")
         text = (f"{work.title}: {need} = {count * n} GPU{'s' if count * n != 1 else ''} do not fit: {free} GPU"
-                f"{'s are' if free != 1 else ' is'} free now{': ' + where if where else ''}; each replica needs"
-                f" {together}. {len(self.placed)} of {count} replicas fit; "
-                + (f"index {unplaced} does not" if len(self.unplaced) == 1 else f"indexes {unplaced} do not"))
+                f"{'s are' if free != 1 else ' is'} free now{': ' + where if where else ''}; each {one} needs"
+                f" {together}. {len(self.placed)} of {count} {many} fit; "
+                + (f"{label[0]} {unplaced} does not" if len(self.unplaced) == 1 else f"{label[1]} {unplaced} do not"))
         if self.placed:
             text += f" (after the {len(self.placed)} that fit, {left} GPU{'s' if left != 1 else ''} left"
             text += f": {_free_listing(self.after)})" if left else ")"
@@ -150,12 +166,16 @@ def check(work: Workload, gpus: int) -> None:
         raise SuggestError(f"--gpus {gpus}: each replica needs at least 1 GPU; give --gpus 1 or more")
     if work.kind == "Pod":
         raise SuggestError(f"{what}: a bare Pod is not a set of replicas; suggest places the replicas of {PLACED}")
-    if not work.indexed:
+    if work.pool:
+        _check_pool(work)
+    elif not work.indexed:
         raise SuggestError(f"{what}: {work.counted}, so a map cannot name them; suggest places the replicas of"
                            f" {PLACED}")
-    if not work.indexes:
+    if not placed_indexes(work):
         field = {"Job": "spec.completions", "JobSet": f"replicated job {work.part}'s replicas and completions"}.get(
             work.kind, "spec.replicas")
+        if work.pool and work.kind == "Job":
+            field = "spec.parallelism"
         raise SuggestError(f"{what}: {field} is 0, so there is nothing to place; set {field} to 1 or more")
     for where, template in zip(_template_fields(work), work.templates):
         scheduler = spec(template).get("schedulerName")
@@ -164,8 +184,27 @@ def check(work: Workload, gpus: int) -> None:
                                " not place the replicas; set it to gpu-scheduler")
 
 
-PLACED = ("a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs or a"
-          " LeaderWorkerSet")
+PLACED = ("a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs, a"
+          " LeaderWorkerSet or a Deployment (its pool)")
+
+
+def _check_pool(work: Workload) -> None:
+    what = work.title
+    if work.replicas is None:
+        raise SuggestError(f"{what}: a {work.kind} runs as many pods as its controller decides, so suggest cannot"
+                           f" size its pool; suggest places the replicas of {PLACED}")
+    if dra_mode(work):
+        raise SuggestError(f"{what}: a pool pod cannot use device mode dra yet (mutate refuses it: its claim would be"
+                           " named after the pod, whose name is not known at admission); set the template's"
+                           f" {MODE_ANNOTATION} to cuda or nvidia")
+
+
+def placed_indexes(work: Workload) -> tuple[int, ...]:
+    """The map indexes suggest writes: a workload's pod indexes; a pool's entries, one for each pod
+    its rollout runs at once (replicas + maxSurge)."""
+    if not work.pool:
+        return tuple(i for i in work.indexes if i is not None)
+    return tuple(range(work.pods_at_once or 0))
 
 
 def _template_fields(work: Workload) -> tuple[str, ...]:
@@ -192,7 +231,7 @@ def candidate_pod(work: Workload, index: int, entry: str) -> dict[str, Any]:
     meta = pod["metadata"]
     meta["annotations"] = {**meta.get("annotations", {}), ANNOTATION: entry}
     if not meta.get("name"):  # an Indexed Job's pod: named by the API server; the claim needs a name
-        meta["name"] = f"{meta.get('generateName') or work.name + '-'}suggest"
+        meta["name"] = f"{meta.get('generateName') or work.name + '-'}suggest" + (f"-{index}" if work.pool else "")
     if dra_mode(work) and not dra.uses_dra(pod):
         pod_spec = pod["spec"]
         pod_spec["resourceClaims"] = [*(pod_spec.get("resourceClaims") or []),
@@ -339,14 +378,18 @@ def suggest(works: Sequence[Workload], gpus: int, strategy: str, snapshots: Sequ
         in_dra = dra_mode(work)
         device_class = dra.device_class(work.template, config.dra_device_class)
         offers = {n.snapshot.name: offer(n.snapshot, in_dra, device_class, config.dra_rules) for n in nodes}
-        first = work.indexes[0]
+        indexes = placed_indexes(work)
+        if work.pool:  # the workload's running pods hold entries of its old map, which a rollout replaces
+            for node in nodes:
+                node.snapshot = _without_entries(node.snapshot, workload_of(pod_for(work, 0)))
+        first = indexes[0]
         before = tuple(_free(framework, work, first, n, offers[n.snapshot.name]) for n in nodes)
         counts = {n.snapshot.name: 0 for n in nodes}  # this workload's replicas on each node
         placed: list[Choice] = []
         unplaced: list[int] = []
         together = work.placed_together
-        for start in range(0, len(work.indexes), together):
-            group = work.indexes[start:start + together]
+        for start in range(0, len(indexes), together):
+            group = indexes[start:start + together]
             if len(group) == 1:
                 choice = _place(framework, work, group[0], gpus, strategy, nodes, offers, counts)
                 (placed.append(choice) if choice else unplaced.append(group[0]))
@@ -361,6 +404,17 @@ def suggest(works: Sequence[Workload], gpus: int, strategy: str, snapshots: Sequ
         else:
             results.append(Placed(work, gpus, tuple(placed)))
     return results
+
+
+def _without_entries(snapshot: NodeSnapshot, key: tuple[str, ...]) -> NodeSnapshot:
+    """The node with the pool entries of workload `key` free: its pods holding none (they keep
+    their GPUs, which the workload's own pods may share) and its entry records gone."""
+    pods = tuple(dataclasses.replace(p, entry=None) if p.entry is not None and p.workload == key else p
+                 for p in snapshot.info.pods)
+    entries = {k: v for k, v in snapshot.entries.items() if k[0] != workload_key(key)}
+    if pods == snapshot.info.pods and len(entries) == len(snapshot.entries):
+        return snapshot
+    return dataclasses.replace(snapshot, info=dataclasses.replace(snapshot.info, pods=pods), entries=entries)
 
 
 def _order(strategy: str, nodes: Sequence[_Node], counts: Mapping[str, int]) -> list[_Node]:
@@ -417,7 +471,8 @@ def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy
         if not decision.status.ok:
             continue
         choice = Choice(index, pod_name(pod_for(work, index)), node.snapshot.name, devices)
-        meta = {**pod["metadata"], "uid": f"suggested/{pod['metadata'].get('namespace')}/{choice.pod}",
+        who = f"{choice.pod}/{index}" if work.pool else choice.pod  # a pool's pods share one name pattern
+        meta = {**pod["metadata"], "uid": f"suggested/{pod['metadata'].get('namespace')}/{who}",
                 "annotations": {**pod["metadata"].get("annotations", {}), DEVICES_ANNOTATION: ",".join(devices)}}
         node.take(framework.assume(decision, {**pod, "metadata": meta}), choice)
         counts[node.snapshot.name] += 1
@@ -429,6 +484,8 @@ def _place(framework: Framework, work: Workload, index: int, gpus: int, strategy
 # Where each kind keeps the pod templates the map is written on (a LeaderWorkerSet: its leader's,
 # when it has one, and its workers'; one map indexes both). A JobSet's are its replicated jobs'.
 TEMPLATE_PATHS = {"StatefulSet": (("spec", "template"),), "Job": (("spec", "template"),),
+                  "Deployment": (("spec", "template"),), "ReplicaSet": (("spec", "template"),),
+                  "ReplicationController": (("spec", "template"),),
                   "LeaderWorkerSet": (("spec", "leaderWorkerTemplate", "leaderTemplate"),
                                       ("spec", "leaderWorkerTemplate", "workerTemplate"))}
 JOBSET_TEMPLATE_PATH = ("template", "spec", "template")  # in a replicated job

@@ -23,7 +23,8 @@ from gpu_scheduler import ANNOTATION, SCHEDULER_NAME
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.plugins.registry import new_framework
-from gpu_scheduler.placement import NotPlaceable, map_text, resolve
+from gpu_scheduler.fit import is_terminal, pool_entry, workload as workload_of
+from gpu_scheduler.placement import POOL_UNASSIGNED, NotPlaceable, map_text, pool_of, resolve
 from gpu_scheduler.quota import counted as quota_requests_of
 from gpu_scheduler.quota import with_quota_requests_of
 from gpu_scheduler.schedmap import is_dns_label, is_dns_subdomain
@@ -80,6 +81,9 @@ PLAN_EXAMPLES = f"""examples:
   # also what bind would decide now, by its own plugins: node, taints, fit, GPUs held, DRA
   {PROG} plan -f check/statefulset.yaml --cluster --context kind-gpu-scheduler
 
+  # a Deployment's pool: one row per entry, and whether a rollout's surge has entries
+  {PROG} plan -f examples/deployment-vllm.yaml --cluster
+
 {EXIT_STATUS}"""
 EXPLAIN_EXAMPLES = f"""examples:
   # a pod in the context's namespace
@@ -104,6 +108,9 @@ SUGGEST_EXAMPLES = f"""examples:
 
   # fill a node before the next, and write the map into the file
   {PROG} suggest -f statefulset.yaml --gpus 1 --pack --in-place
+
+  # a Deployment's pool: an entry for each replica and each pod a rollout adds (maxSurge)
+  {PROG} suggest -f deployment.yaml --gpus 2
 
 exit status:
   0  every replica has its N GPUs: the map is printed (or written)
@@ -149,8 +156,9 @@ def parser() -> argparse.ArgumentParser:
         description="One row per pod a StatefulSet, Job, JobSet, LeaderWorkerSet or Pod manifest creates,\n"
         "as its controller will create it (a JobSet: one table per replicated job with the map):\n"
         "index, pod name, node and CUDA_VISIBLE_DEVICES; below the table, its gangs and\n"
-        "what would keep a pod from being placed and what looks wrong. Reads files only,\n"
-        "unless --cluster.")
+        "what would keep a pod from being placed and what looks wrong. A Deployment's pods\n"
+        "share the map's entries as a pool: one row per entry, then the replicas (and a\n"
+        "rollout's maxSurge) that share them. Reads files only, unless --cluster.")
     plan.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                       help="manifest file or directory; - reads stdin; repeatable")
     plan.add_argument("--cluster", action="store_true",
@@ -168,14 +176,15 @@ def parser() -> argparse.ArgumentParser:
         "suggest", help="write a gpu-scheduling-map that fits the cluster as it is now", epilog=SUGGEST_EXAMPLES,
         **text, description="A gpu-scheduling-map giving every replica of a StatefulSet, Indexed Job, JobSet\n"
         "replicated job or LeaderWorkerSet (each group on as few nodes as fit) N GPUs on one\n"
-        "node, from the cluster as it is now: Ready, schedulable nodes, their GPUs (in DRA\n"
-        "mode their ResourceSlices' devices, one PCIe root per replica where published), less\n"
-        "those other workloads hold (pods, bind's device records, DRA claims). Each entry passes\n"
-        "bind's own filters now. Prints the placements (or the manifest, -o yaml|json), or says\n"
-        "why the replicas do not fit: how many GPUs are free, and where.")
+        "node (a Deployment: replicas + maxSurge entries of its pool), from the cluster as it\n"
+        "is now: Ready, schedulable nodes, their GPUs (in DRA mode their ResourceSlices'\n"
+        "devices, one PCIe root per replica where published), less those other workloads hold\n"
+        "(pods, bind's device records, DRA claims). Each entry passes bind's own filters now.\n"
+        "Prints the placements (or the manifest, -o yaml|json), or says why the replicas do\n"
+        "not fit: how many GPUs are free, and where.")
     suggest.add_argument("-f", "--filename", required=True, metavar="FILE",
-                         help="the manifest (a StatefulSet, Indexed Job, JobSet or LeaderWorkerSet; other objects"
-                         " pass through); - reads stdin")
+                         help="the manifest (a StatefulSet, Indexed Job, JobSet, LeaderWorkerSet or Deployment;"
+                         " other objects pass through); - reads stdin")
     suggest.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs for each replica, on one node")
     strategy = suggest.add_mutually_exclusive_group()
     strategy.add_argument("--spread", dest="strategy", action="store_const", const=SPREAD,
@@ -311,6 +320,34 @@ def admitted(row: core.Row, cluster) -> dict[str, Any]:
     return pod
 
 
+def admitted_pool(plan: core.WorkloadPlan, cluster) -> list[dict[str, Any]]:
+    """A pool's replicas as bind will see them: the workload's live pods (not finished, not being
+    deleted) are the first replicas, a bound one as it is (it holds its entry), a pending one as
+    the manifest makes it with the live pod's name and UID (as a StatefulSet's pod of the same
+    name is itself); the other replicas are new pods, named by plan."""
+    pods = [dict(row.pod_object) for row in plan.rows]
+    if not pods:
+        return []
+    key = workload_of(pods[0])
+    live = [p for p in cluster.pods_in(plan.work.namespace)
+            if workload_of(p) == key and not is_terminal(p) and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    if plan.work.kind == "Pod":  # a bare pod of a pool is itself, by its name: the others of its map are not it
+        live = [p for p in live if (p.get("metadata") or {}).get("name") == pods[0]["metadata"].get("name")]
+    live.sort(key=lambda p: (pool_entry(p) is None, pool_entry(p) or 0, str((p.get("metadata") or {}).get("name"))))
+    admitted_pods = []
+    for pod, existing in zip(pods, [*live, *[None] * len(pods)]):
+        if existing is not None and (existing.get("spec") or {}).get("nodeName"):
+            pod = json.loads(json.dumps(existing))
+        elif existing is not None:
+            meta = {**pod["metadata"], "name": existing["metadata"].get("name"), "uid": existing["metadata"].get("uid")}
+            pod = with_quota_requests_of({**pod, "metadata": meta}, existing)
+            live_spec = existing.get("spec") or {}
+            pod["spec"] = {**(pod.get("spec") or {}), **{key: live_spec[key] for key in ("priority", "preemptionPolicy")
+                                                         if key in live_spec}}
+        admitted_pods.append(pod)
+    return admitted_pods
+
+
 def _dra_row(cluster, args, row: core.Row) -> dict[str, Any] | None:
     if row.mode != DRA or not row.node or not row.placeable:
         return None
@@ -329,7 +366,8 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     errors: list[str] = []
     workloads = []
     plans = list(_workloads(files.read(args.filename, stdin), namespace, bool(args.namespace), errors))
-    admitted_pods = [[admitted(row, cluster) for row in plan.rows] if cluster else [] for _, plan in plans]
+    admitted_pods = [(admitted_pool(plan, cluster) if plan.pool else [admitted(row, cluster) for row in plan.rows])
+                     if cluster else [] for _, plan in plans]
     # A JobSet's replicated jobs are one workload and one gang: each is decided with the others' pods.
     together: dict[Any, list] = {}
     for (_, plan), pods in zip(plans, admitted_pods):
@@ -337,7 +375,12 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
     for (document, plan), pods in zip(plans, admitted_pods):
         others = together[_decided_with(plan.work)]
         fw, view = (framework(args), read_view(cluster, args, others, cluster.pdbs())) if cluster else (None, None)
-        answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
+        states = None
+        if plan.pool and cluster:  # a pool's replicas, one after another, each on what the earlier ones took
+            pooled = core.pool_answers(pods, fw, view)
+            answers, states = list(pooled.answers), pooled.entries
+        else:
+            answers = [core.answer(pod, fw, view) for pod in pods]  # a gang's: its pods are the manifest's
         decided = [a.scheduling for a in answers]
         decided_gangs = tuple({a.gang.name: a.gang for a in answers if a.gang is not None}.values())
         gang = decided_gangs[0] if decided_gangs else plan.gang
@@ -348,13 +391,13 @@ def run_plan(args, stdin) -> tuple[dict[str, Any], list[str]]:
             if claim is not None:
                 answer["claim"] = claim
             rows.append(answer)
-        workload = output.workload_dict(document.source, document.number, plan, rows, gang, decided_gangs)
+        workload = output.workload_dict(document.source, document.number, plan, rows, gang, decided_gangs, states)
         if cluster and args.quota == "true":
             workload["quota"] = cluster.gpu_quotas(plan.work.namespace)
         workloads.append(workload)
     if not workloads and not errors:
-        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the"
-                      " gpu-scheduling-map annotation")
+        errors.append(f"{', '.join(args.filename)}: no Pod, StatefulSet, Job, JobSet, LeaderWorkerSet or Deployment"
+                      " with the gpu-scheduling-map annotation")
     return {"workloads": workloads, "placeable": all(w["placeable"] for w in workloads)}, errors
 
 
@@ -374,32 +417,54 @@ def run_explain(args) -> dict[str, Any]:
         raise UsageError(f'pods "{name}" not found in namespace {namespace}')
     answer: dict[str, Any] = {"namespace": namespace, "name": name,
                               "node": (pod.get("spec") or {}).get("nodeName") or None}
-    node_name, env, placement = None, core.device_env_of(pod), None
+    node_name, env, placement, pool = None, core.device_env_of(pod), None, None
     try:
         if map_text(pod) is None:
             raise NotPlaceable("NoAnnotation", f"the pod has no {ANNOTATION} annotation")
+        pool = pool_of(pod)
+        if pool is not None:  # a pool pod: the entry bind gave it, or none yet
+            answer["pool"] = {"workload": core.pool_workload(pod), "entries": len(pool.entries), "entry": None}
         resolved = resolve(pod)
         placement = resolved.placement
         node_name = placement.node
-        answer.update(index=resolved.index, entry=f"{resolved.index}={placement.node}:{placement.visible_devices}")
+        answer.update(index=None if resolved.pooled else resolved.index,
+                      entry=f"{resolved.index}={placement.node}:{placement.visible_devices}")
+        if resolved.pooled:
+            answer["pool"]["entry"] = resolved.index
         modes = (DRA,) if uses_dra(pod) else (CUDA, NVIDIA)  # a pod with the claim entry was admitted in dra
         wanted = [(mode, device_env(placement, mode)) for mode in modes]
         given = [e for e in env.values() if e]
         matching = [mode for mode, values in wanted if given and all(e == values for e in env.values())]
+        if resolved.pooled:  # read from the annotations its Binding wrote: the mode mutate gave it, if they match
+            matching = [mode for mode in [core.pool_env_mode(pod)] if mode in matching]
         answer["envCheck"] = {"matches": bool(matching), "mode": matching[0] if matching else None}
     except NotPlaceable as why:
-        answer.update(index=None, entry=None, problem={"reason": why.reason, "message": why.message})
+        answer.update(index=None, entry=None)
+        if why.reason == POOL_UNASSIGNED:  # not bound yet: its containers read the annotations bind will write
+            mode = core.pool_env_mode(pod)
+            answer["envCheck"] = {"matches": mode is not None, "mode": mode}
+        else:
+            answer["problem"] = {"reason": why.reason, "message": why.message}
     answer["env"] = env
+    refs = core.device_env_refs(pod)
+    if refs:
+        answer["envFrom"] = refs
     answer["podScheduled"] = core.pod_scheduled(pod)
     answer["events"] = [_event(e) for e in core.scheduler_events(cluster.events(pod))]
     namespace_pods = core.Lazy(lambda: cluster.pods_in(namespace))  # read only for a pod's group
-    said = core.answer(pod, framework(args), read_view(cluster, args, namespace_pods, cluster.pdbs()))
+    fw, view = framework(args), read_view(cluster, args, namespace_pods, cluster.pdbs())
+    said = core.answer(pod, fw, view)
     decided = said.scheduling
+    if pool is not None and answer["pool"]["entry"] is None and said.gang is None and not node_name:
+        # pending: each entry as bind sees it now (the one it would take, if any)
+        given = {decided.entry: None} if decided.entry is not None else {}
+        answer["pool"]["entryStates"] = [output.entry_state_dict(e) for e in core.entry_states(pod, fw, view, given)]
     if said.gang is not None:
         answer["gang"] = output.gang_dict(said.gang)
     answer["scheduling"] = {"action": decided.action, "node": decided.node or None, "plugin": decided.plugin or None,
                             "reason": decided.reason, "message": decided.message,
                             "retriedOn": list(decided.retried_on),
+                            **({"entry": decided.entry} if decided.entry is not None else {}),
                             **({"preemption": decided.preemption} if decided.preemption else {})}
     answer["placeable"] = decided.placeable
     if uses_dra(pod):
@@ -486,8 +551,8 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
     cluster, namespace = connect(args)  # the kubeconfig only: the API is read once the request is sound
     found = _suggested_workloads(documents, namespace, bool(args.namespace))
     if not found:
-        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"
-                         f" (suggest writes the map of {suggesting.PLACED})")
+        raise UsageError(f"{files.shown(args.filename)}: no StatefulSet, Indexed Job, JobSet, LeaderWorkerSet or"
+                         f" Deployment to place (suggest writes the map of {suggesting.PLACED})")
     works = [work for _, work in found]
     try:
         for work in works:
@@ -495,7 +560,7 @@ def run_suggest(args, stdin) -> tuple[list, list, str]:
         config = SchedulerConfig(args.scheduler_namespace, args.dra_device_class, _rules(args), args.quota == "true")
         # A DRA-mode replica, if any, so that the snapshots hold the nodes' slices and every claim's devices.
         first = next((w for w in works if suggesting.dra_mode(w)), works[0])
-        sample = suggesting.candidate_pod(first, first.indexes[0], "")
+        sample = suggesting.candidate_pod(first, suggesting.placed_indexes(first)[0], "")
         snapshots = [cluster.snapshot(name, sample, args.scheduler_namespace) for name in cluster.nodes()]
         results = suggesting.suggest(works, args.gpus, args.strategy, snapshots, framework(args), config)
     except suggesting.SuggestError as error:

@@ -9,7 +9,7 @@ from gpu_scheduler.fit import NodeInfo
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources.plugin import claim_key
 from gpu_scheduler.quota import gpu_quotas, quota_view
-from gpu_scheduler.records import RECORD_SELECTOR, Record
+from gpu_scheduler.records import RECORD_SELECTOR, EntryRecord, Record
 
 from kubeapi.errors import APIError
 
@@ -35,6 +35,8 @@ class Cluster:
         self._slices: list[dict] | None = None
         self._claims: list[dict] | None = None
         self._records: dict[str, list[Record]] = {}
+        self._entry_records: dict[str, list[EntryRecord]] = {}
+        self._gone_pods: dict[tuple[str, str, str], bool] = {}
         self._dra: DraSupport | None = None
         self._quotas: dict[str, list[dict] | None] = {}
 
@@ -133,18 +135,32 @@ class Cluster:
     # -- bind's device records ---------------------------------------------------------------------
     def records(self, namespace: str) -> list[Record]:
         """bind's device records (Leases in its namespace), read once."""
-        if namespace not in self._records:
-            self._records[namespace] = [record for page, _ in self.api.list_leases(namespace, RECORD_SELECTOR)
-                                        for record in map(Record.of, page) if record is not None]
+        self._read_records(namespace)
         return self._records[namespace]
 
-    def _gone(self, record: Record) -> bool:
-        """The pod a record was last written for no longer exists (or is another pod now)."""
+    def entry_records(self, namespace: str) -> list[EntryRecord]:
+        """bind's pool entry records (Leases in its namespace, read with the device records)."""
+        self._read_records(namespace)
+        return self._entry_records[namespace]
+
+    def _read_records(self, namespace: str) -> None:
+        if namespace in self._records:
+            return
+        leases = [lease for page, _ in self.api.list_leases(namespace, RECORD_SELECTOR) for lease in page]
+        self._records[namespace] = [record for record in map(Record.of, leases) if record is not None]
+        self._entry_records[namespace] = [entry for entry in map(EntryRecord.of, leases) if entry is not None]
+
+    def _gone(self, record: Record | EntryRecord) -> bool:
+        """The pod a record was last written for no longer exists (or is another pod now); asked
+        once per pod (a pool's replicas are decided on the same nodes one after another)."""
         namespace, _, name = record.last_pod.partition("/")
         if not namespace or not name:
             return False
-        pod = self.pod(namespace, name)
-        return pod is None or (pod.get("metadata") or {}).get("uid") != record.last_uid
+        key = (namespace, name, record.last_uid)
+        if key not in self._gone_pods:
+            pod = self.pod(namespace, name)
+            self._gone_pods[key] = pod is None or (pod.get("metadata") or {}).get("uid") != record.last_uid
+        return self._gone_pods[key]
 
     def dra_support(self) -> DraSupport:
         if self._dra is None:
@@ -171,9 +187,11 @@ class Cluster:
         its devices, and in DRA mode its slices and the claims (read now, as bind's views hold them)."""
         obj = self.node(node)
         records = {r.device: r for r in self.records(records_namespace) if r.node == node}
-        gone = frozenset(r.last_uid for r in records.values() if r.last_uid and self._gone(r))
+        entries = {(r.pool, r.entry): r for r in self.entry_records(records_namespace) if r.node == node}
+        gone = frozenset(r.last_uid for r in (*records.values(), *entries.values()) if r.last_uid and self._gone(r))
         base = NodeSnapshot(name=node, node=obj, info=NodeInfo.of(self.pods_on(node) if obj else ()),
-                            records=records, gone=gone, now=time.time(), quotas=self.quota_views([pod] if pod else []))
+                            records=records, gone=gone, now=time.time(), quotas=self.quota_views([pod] if pod else []),
+                            entries=entries)
         if not dra.uses_dra(pod) or self.dra_support() is DraSupport.NOT_SERVED:
             return NodeSnapshot(**{**base.__dict__, "dra": self.dra_support() if dra.uses_dra(pod) else DraSupport.SERVED})
         namespace, name = claim_key(pod)

@@ -7,7 +7,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from gpu_scheduler.plan import RETRIED_ANYWAY, Gang, Row, Scheduling, WorkloadPlan, counted
+from gpu_scheduler.plan import (
+    FREE, HELD, RETRIED_ANYWAY, TAKEN, EntryState, Gang, PoolPlan, Rollout, Row, Scheduling, WorkloadPlan, counted,
+    pool_counted, pool_workload_name,
+)
 from gpu_scheduler.quota import quota_text
 
 from .files import shown
@@ -35,23 +38,64 @@ def row_dict(row: Row, cluster: Scheduling | None = None) -> dict[str, Any]:
         "mode": row.mode, "env": {"cuda": dict(row.env), "nvidia": dict(row.nvidia_env)},
         "placeable": placeable, "problems": _notes(row.problems), "warnings": _notes(row.warnings),
         **({"gang": row.gang} if row.gang else {}),
+        **({"replica": row.replica} if row.replica is not None else {}),
     }
     if cluster is not None:
         answer["cluster"] = {"decision": DECISIONS[cluster.action], "plugin": cluster.plugin or None,
                              "reason": cluster.reason, "message": cluster.message}
+        if row.replica is not None:  # a pool's replica: the node and entry bind gives it now
+            answer["cluster"].update(node=cluster.node or None, entry=cluster.entry)
     return answer
 
 
+def entry_state_dict(state: EntryState) -> dict[str, Any]:
+    """An entry of a pool as bind sees it now (plan --cluster, explain of a pending pool pod)."""
+    return {"state": state.state, "replica": state.replica, "plugin": state.plugin or None,
+            "reason": state.reason or None, "message": state.message or None, "entry": state.entry}
+
+
+def pool_dict(pool: PoolPlan, states: tuple[EntryState, ...] | None = None) -> dict[str, Any]:
+    """A pool: its entries (with `states`, each one's state now), the replicas that share them and
+    the rollout's surge."""
+    rollout = pool.rollout
+    by_entry = {s.entry: s for s in states or ()}
+    entries = []
+    for entry in pool.entries:
+        shown = {"entry": entry.entry, "node": entry.node, "devices": list(entry.devices),
+                 "env": {"cuda": dict(entry.env), "nvidia": dict(entry.nvidia_env)}, "usable": entry.usable,
+                 "problems": _notes(entry.problems), "warnings": _notes(entry.warnings)}
+        if entry.entry in by_entry:
+            shown["cluster"] = {k: v for k, v in entry_state_dict(by_entry[entry.entry]).items() if k != "entry"}
+        entries.append(shown)
+    return {"workload": dict(pool.workload), "replicas": pool.replicas, "podsAtOnce": pool.pods_at_once,
+            "usableEntries": pool.usable,
+            "rollout": None if rollout is None else {
+                "strategy": rollout.strategy, "maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable,
+                "written": {"maxSurge": rollout.surge or None, "maxUnavailable": rollout.unavailable or None}},
+            "entries": entries}
+
+
+def _pool_counted(work: dict[str, Any]) -> str:
+    pool, rollout = work["pool"], work["pool"]["rollout"]
+    resolved = None if rollout is None else Rollout(
+        rollout["strategy"], rollout["maxSurge"], rollout["maxUnavailable"], rollout["written"]["maxSurge"] or "",
+        rollout["written"]["maxUnavailable"] or "")
+    return pool_counted(work["kind"], pool["replicas"], resolved)
+
+
 def workload_dict(source: str, document: int, plan: WorkloadPlan, rows: list[dict[str, Any]],
-                  gang: Gang | None = None, gangs: tuple[Gang, ...] = ()) -> dict[str, Any]:
+                  gang: Gang | None = None, gangs: tuple[Gang, ...] = (),
+                  states: tuple[EntryState, ...] | None = None) -> dict[str, Any]:
     """`gang`, `gangs`: the plan's gangs as decided on the cluster (plan --cluster), else the plan's
     own. "gang" is the first; "gangs", where a workload forms several (a LeaderWorkerSet's groups),
-    all of them."""
+    all of them. A pool's ("pool"): its entries, with `states` each one's state now (--cluster)."""
     work = plan.work
     answer = {"source": source, "document": document, "kind": work.kind, "namespace": work.namespace,
               "name": work.name, "replicas": work.replicas, "indexed": work.indexed,
               "ordinalsStart": work.ordinals_start, "placeable": all(r["placeable"] for r in rows),
               "pods": rows, "warnings": _notes(plan.warnings)}
+    if plan.pool is not None:
+        answer["pool"] = pool_dict(plan.pool, states)
     if work.kind in ("JobSet", "LeaderWorkerSet"):
         answer.update({"replicatedJob": work.part} if work.part else {})
         answer.update(groups=work.groups, groupSize=work.group_size)
@@ -133,6 +177,9 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
     """One table per workload; `wide` adds the env the opt-in nvidia mode would set."""
     out = []
     for work in answer["workloads"]:
+        if work.get("pool"):
+            out += _pool_lines(work, wide)
+            continue
         where = shown(work["source"])
         how = counted(work["kind"], work["indexed"], work["replicas"], work["ordinalsStart"], work.get("groups"),
                       work.get("groupSize"))
@@ -179,6 +226,82 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
     return "".join(out).rstrip("\n") + "\n"
 
 
+def _entry_status(entry: dict[str, Any]) -> str:
+    """An entry's STATUS: its problems; with --cluster, which replica bind gives it now, who holds
+    it, free, or the plugin refusing it."""
+    state = entry.get("cluster")
+    if state is None:
+        return ",".join(p["reason"] for p in entry["problems"]) or "ok"
+    if state["state"] == TAKEN:
+        return f"bind now: replica {state['replica']}" if state["replica"] is not None else "bind now"
+    if state["state"] == FREE:
+        return "free"
+    if state["state"] == HELD:
+        return (state["message"] or "held") + (f" (replica {state['replica']})" if state["replica"] is not None else "")
+    return f"{state['plugin']} now"
+
+
+def _pool_lines(work: dict[str, Any], wide: bool) -> list[str]:
+    """A pool: one row per entry (ENTRY, NODE, CUDA_VISIBLE_DEVICES, STATUS), then the replicas
+    that share them, and what keeps a replica or a rollout from an entry."""
+    pool = work["pool"]
+    out = [f"{workload_title(work)} ({shown(work['source'])}, document {work['document']}; {_pool_counted(work)})\n"]
+    header = ["ENTRY", "NODE", "CUDA_VISIBLE_DEVICES", *(["NVIDIA MODE"] if wide else []), "STATUS"]
+    lines = [[str(e["entry"]), e["node"], ",".join(e["devices"]),
+              *([_env_text(e["env"]["nvidia"]) or "<none>"] if wide else []), _entry_status(e)]
+             for e in pool["entries"]]
+    out.append(columns(header, lines))
+    replicas, pods = pool["replicas"], work["pods"]
+    names = pods[0]["pod"] if pods else f"{work['name']}-*"
+    count = len(pool["entries"])
+    if replicas is None:
+        who = f"its pods ({names})"
+    else:
+        who = f"{replicas} replica{'s' if replicas != 1 else ''} ({names})"
+        if pool["podsAtOnce"] and pool["podsAtOnce"] > replicas:
+            who += f", {pool['podsAtOnce']} pods during a rollout,"
+    out.append(f"  {who} share {'this entry' if count == 1 else f'these {count} entries'}: each pod takes the first"
+               " free one when bind binds it\n")
+    if pool["workload"].get("kind") and pool["workload"]["kind"] != work["kind"]:
+        out.append(f"  the pool is {pool_workload_name(pool['workload'])}'s\n")
+    for entry in pool["entries"]:
+        for problem in entry["problems"]:
+            out.append(f"  entry {entry['entry']} never given: {problem['message']}\n")
+        state = entry.get("cluster")
+        if state and state["state"] not in (TAKEN, FREE, HELD):
+            out.append(f"  entry {entry['entry']} refused now by {state['plugin']}: {state['message']}\n")
+        for warning in entry["warnings"]:
+            out.append(f"  warning: {warning['message']}\n")
+    gangs = work.get("gangs") or ([work["gang"]] if work.get("gang") else [])
+    gang_refusals = {g["verdict"]["message"] for g in gangs if g["verdict"] and g["verdict"]["reason"] != "Bind"}
+    said: set[tuple[str, str]] = set()
+    waiting: dict[str, list[str]] = {}  # a refusal -> the replicas it refuses (the same for many)
+    for pod in pods:
+        who = f"replica {pod['replica']}" if pod.get("replica") is not None else f"pod {pod['pod']}"
+        for problem in pod["problems"]:
+            if problem["reason"] != "NoPoolEntry" and (problem["reason"], problem["message"]) in said:
+                continue  # the template's problem: said once
+            said.add((problem["reason"], problem["message"]))
+            out.append(f"  not placed: {who if problem['reason'] == 'NoPoolEntry' else 'every pod'}:"
+                       f" {problem['message'].removeprefix(who + ': ')}\n")
+        if pod.get("cluster", {}).get("decision") == "wait" and pod["cluster"]["message"] not in gang_refusals:
+            waiting.setdefault(pod["cluster"]["message"], []).append(str(pod.get("replica", pod["pod"])))
+    for message, who in waiting.items():
+        names = f"replica {who[0]}" if len(who) == 1 else f"replicas {', '.join(who)}"
+        out.append(f"  not placed now: {names}: {message}\n")
+    for gang in gangs:
+        out += [line + "\n" for line in gang_lines(gang)]
+    for warning in work["warnings"]:
+        out.append(f"  warning: {warning['message']}\n")
+    out += [f"  quota: {quota_text(q)}\n" for q in work.get("quota", ())]
+    if work.get("templateCounts"):
+        requested = ", ".join(f"{k}: {v}" for k, v in sorted(work["templateCounts"]["requests"].items()))
+        how = "every entry's" if work["templateCounts"]["exact"] else "the largest entry's: an upper bound"
+        out.append(f"  Kueue counts {requested} per pod ({how})\n")
+    out.append("\n")
+    return out
+
+
 def claim_text(claim: dict[str, Any], namespace: str) -> str:
     """A DRA-mode pod's ResourceClaim in one line: name, class, state, devices."""
     text = f"ResourceClaim {namespace}/{claim['name']} (DeviceClass {claim['deviceClass']})"
@@ -200,18 +323,39 @@ def explain_table(answer: dict[str, Any]) -> str:
     lines = [f"Pod:            {answer['namespace']}/{answer['name']}"]
     if answer.get("index") is not None:
         lines.append(f"Index:          {answer['index']}")
+    pool = answer.get("pool")
+    if pool:
+        count = f"{pool['entries']} entr{'y' if pool['entries'] == 1 else 'ies'}"
+        lines.append(f"Pool:           {pool_workload_name(pool['workload'])}'s pods share the map's {count}; "
+                     + (f"this pod holds entry {pool['entry']}" if pool["entry"] is not None else
+                        "this pod holds none yet: bind gives it the first free one when it binds it"))
     lines.append(f"Map entry:      {answer.get('entry') or '<none>'}")
     if answer.get("problem"):
         lines.append(f"                {answer['problem']['reason']}: {answer['problem']['message']}")
     lines.append(f"Node:           {answer.get('node') or '<none> (Pending)'}")
     lines.append("Device env:")
+    refs = answer.get("envFrom") or {}
     for container, env in answer["env"].items():
-        lines.append(f"  {container}: {_env_text(env, ()) or '<none>'}")
+        values = " ".join(f"{k}={'<not written yet>' if v is None and k in refs.get(container, {}) else v}"
+                          + (f" (from {refs[container][k]})" if k in refs.get(container, {}) else "")
+                          for k, v in env.items())
+        lines.append(f"  {container}: {values or '<none>'}")
     check = answer.get("envCheck")
-    if check:
+    if check and pool and pool["entry"] is None:
+        lines.append(f"  read from the annotations bind's Binding writes ({check['mode']} mode)"
+                     if check["matches"] else "  not read from the annotations bind's Binding writes: the pod was"
+                     " admitted without the webhook, and will not see its entry's GPUs")
+    elif check:
         lines.append(f"  matches the map entry ({check['mode']} mode)" if check["matches"] else
                      "  differs from the map entry: the pod was admitted without the webhook, or the map"
                      " changed after it was created")
+    if pool and pool.get("entryStates"):
+        table = columns(["ENTRY", "STATE", "WHY"],
+                        [[str(e["entry"]), "bind now" if e["state"] == TAKEN else e["state"],
+                          f"{e['plugin']}: {e['message']}" if e["state"] not in (TAKEN, FREE) else ""]
+                         for e in pool["entryStates"]])
+        lines.append("Pool entries now:")
+        lines += ["  " + line for line in table.splitlines()]
     if answer.get("claim"):
         lines.append(f"DRA claim:      {claim_text(answer['claim'], answer['namespace'])}")
     condition = answer.get("podScheduled")
@@ -285,8 +429,17 @@ def suggest_table(results, edited: str | None = None) -> str:
         work = result.work
         out.append(f"{work.title} ({work.counted};"
                    f" {result.gpus} GPU{'s' if result.gpus != 1 else ''} each)\n")
-        out.append(columns(["INDEX", "POD", "NODE", "DEVICES"],
-                           [[str(c.index), c.pod, c.node, ",".join(c.devices)] for c in result.choices]))
+        if work.pool:  # a pool's entries: one for each pod its rollout runs at once
+            out.append(columns(["ENTRY", "NODE", "DEVICES"],
+                               [[str(c.index), c.node, ",".join(c.devices)] for c in result.choices]))
+            count = len(result.choices)
+            surge = count - (work.replicas or 0)
+            out.append(f"{count} entr{'y' if count == 1 else 'ies'}: one for each of the {work.replicas} replicas"
+                       + (f" and the {surge} more a rollout adds (maxSurge)" if surge > 0 else "")
+                       + "; each pod takes the first free one when bind binds it\n")
+        else:
+            out.append(columns(["INDEX", "POD", "NODE", "DEVICES"],
+                               [[str(c.index), c.pod, c.node, ",".join(c.devices)] for c in result.choices]))
         out.append("gpu-scheduling-map:\n" + "".join(f"  {line}\n" for line in result.map_text.splitlines()))
     if edited:
         out.append(f"written to {shown(edited)}\n")

@@ -111,12 +111,10 @@ def test_indexed_job_pods_carry_the_completion_index():
     assert "map entries 3, 4 are beyond" in plan.warnings[0].message
 
 
-def test_a_non_indexed_job_or_a_deployment_has_no_index():
-    for obj in (job(mode="NonIndexed"),
-                {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template()}}):
-        [row] = rows(obj)
-        assert row.index is None and not row.placeable
-        assert row.problems[0].reason == "UnknownIndex" and "generateName" in row.problems[0].message
+def test_a_non_indexed_job_has_no_index():
+    [row] = rows(job(mode="NonIndexed"))
+    assert row.index is None and not row.placeable
+    assert row.problems[0].reason == "UnknownIndex" and "generateName" in row.problems[0].message
 
 
 def test_a_pod_plans_as_itself_in_the_given_namespace():
@@ -201,8 +199,6 @@ def test_messages_say_values_as_yaml_does_never_as_python():
     (statefulset(replicas=4), (4, 0, True), "replicas 4"),
     (job(2), (2, None, True), "Indexed, completions 2"),
     (job(mode="NonIndexed"), (None, None, False), "a NonIndexed Job's pods are named with generateName"),
-    ({"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template()}}, (None, None, False),
-     "a Deployment's pods are named with generateName"),
     ({"kind": "Pod", "metadata": {"name": "p-0", "annotations": {ANNOTATION: SEED}}, "spec": {}}, (1, None, False),
      "the pod itself"),
 ])
@@ -691,3 +687,266 @@ def test_malformed_jobsets_and_leaderworkersets_name_the_field(obj, message):
         for work in core.workloads(obj):
             core.plan(work)
     assert message in str(raised.value)
+
+
+# -- pools: a Deployment's pods share the map's entries (issue 44) ----------------------------------
+POOL_MAP = "0=node1:0,1\n1=node2:0,1\n2=node3:0,1\n3=node4:0,1\n"
+
+
+def deployment(replicas=4, strategy=None, text=POOL_MAP, name="web", annotations=None, kind="Deployment", **tmpl):
+    spec = {"selector": {"matchLabels": {"app": "w"}},
+            "template": template(text, annotations={**(annotations or {})}, **tmpl)}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    if strategy is not None:
+        spec["strategy"] = strategy
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+
+def test_a_deployment_is_a_pool_one_row_per_entry_and_its_replicas_share_them():
+    from gpu_scheduler.fit import workload
+    from gpu_scheduler.placement import POOL_UNASSIGNED, NotPlaceable, pool_of
+    work = core.workload(deployment())
+    assert (work.pool, work.indexed, work.replicas, work.indexes) == (True, False, 4, (0, 1, 2, 3))
+    plan = core.plan(work)
+    assert [(e.entry, e.node, e.devices, e.env["CUDA_VISIBLE_DEVICES"], e.usable) for e in plan.pool.entries] == [
+        (0, "node1", ("0", "1"), "0,1", True), (1, "node2", ("0", "1"), "0,1", True),
+        (2, "node3", ("0", "1"), "0,1", True), (3, "node4", ("0", "1"), "0,1", True)]
+    assert plan.pool.entries[0].nvidia_env == {"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "0,1",
+                                                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert [(r.index, r.replica, r.pod, r.node, r.placeable) for r in plan.rows] == [
+        (None, i, "web-*", "", True) for i in range(4)]
+    assert plan.placeable and [w.reason for w in plan.warnings] == ["RolloutWaits"]  # below
+    assert plan.pool.workload == {"kind": "Deployment", "namespace": "ns", "name": "web"}
+    # each replica as the ReplicaSet creates it: a pool pod of the Deployment, with no entry yet
+    pod = plan.rows[0].pod_object
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet" and pool_of(pod) is not None
+    assert workload(pod) == ("owner", "ns", "Deployment", "web")
+    with pytest.raises(NotPlaceable) as why:
+        resolve(pod)
+    assert why.value.reason == POOL_UNASSIGNED
+    # its containers read their devices from the annotations the Binding writes
+    assert plan.rows[0].env["CUDA_VISIBLE_DEVICES"] == {
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['gpu-scheduler/devices']"}}}
+    assert work.counted == "a pool: replicas 4, maxSurge 1 (25%), maxUnavailable 1 (25%)"
+
+
+@pytest.mark.parametrize("replicas,strategy,surge,unavailable", [
+    (4, None, 1, 1),                                  # 25% each: surge rounded up, unavailable down
+    (1, None, 1, 0),
+    (None, None, 1, 0),                               # replicas default 1
+    (10, None, 3, 2),
+    (4, {"rollingUpdate": {"maxSurge": "50%"}}, 2, 1),
+    (3, {"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": "10%"}}, 1, 0),
+    (4, {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, 0, 1),
+    (4, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 2}}, 2, 1),
+    (3, {"rollingUpdate": {"maxSurge": "0%", "maxUnavailable": "10%"}}, 0, 1),  # both 0 once rounded: 1
+    (4, {"type": "Recreate"}, 0, 4),
+    (0, None, 0, 1),
+])
+def test_max_surge_is_the_deployment_controllers(replicas, strategy, surge, unavailable):
+    work = core.workload(deployment(replicas, strategy))
+    assert (work.rollout.max_surge, work.rollout.max_unavailable) == (surge, unavailable)
+    assert work.pods_at_once == (replicas if replicas is not None else 1) + (surge if replicas != 0 else 0)
+
+
+@pytest.mark.parametrize("strategy,message", [
+    ({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}, "maxSurge and maxUnavailable may not both be 0"),
+    ({"rollingUpdate": {"maxSurge": "1"}}, 'maxSurge: expected a non-negative integer or a percentage (as "25%"),'
+                                           ' found "1"'),
+    ({"rollingUpdate": {"maxUnavailable": -1}}, "maxUnavailable: expected a non-negative integer"),
+    ({"rollingUpdate": {"maxUnavailable": "150%"}}, "maxUnavailable: 150% is more than 100%"),
+    ({"type": "Recreate", "rollingUpdate": {}}, "may not be given when spec.strategy.type is Recreate"),
+    ({"type": "BlueGreen"}, 'spec.strategy.type: expected RollingUpdate or Recreate, found "BlueGreen"'),
+])
+def test_a_strategy_the_api_server_refuses_is_the_workloads_error(strategy, message):
+    with pytest.raises(core.ManifestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        core.workload(deployment(4, strategy))
+
+
+def test_a_rollout_that_needs_more_entries_than_the_map_has_is_warned_about():
+    [warning] = core.plan(core.workload(deployment(4))).warnings
+    assert warning.reason == "RolloutWaits"
+    assert warning.message == (
+        "replicas 4 + maxSurge 1 (25% of 4) = 5 pods at once during a rollout, but the pool has 4 usable entries:"
+        " the rollout would wait: a new pod gets an entry only when an old one leaves; add entries or set"
+        " maxSurge: 0")
+    stuck = core.plan(core.workload(deployment(4, {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})))
+    assert "with maxUnavailable 0 no old pod leaves before a new one is ready" in stuck.warnings[0].message
+    for fine in (deployment(4, {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+                 deployment(4, {"type": "Recreate"}), deployment(3), deployment(0)):
+        assert core.plan(core.workload(fine)).warnings == (), fine["spec"]
+
+
+def test_replicas_beyond_the_entries_are_not_placeable_and_named():
+    plan = core.plan(core.workload(deployment(6, {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})))
+    assert [r.placeable for r in plan.rows] == [True] * 4 + [False] * 2 and not plan.placeable
+    assert plan.rows[5].problems == (core.Note("NoPoolEntry", "replica 5: the pool has 4 usable entries for 6"
+                                                              " replicas: the pod finds no entry and stays Pending"),)
+    assert [(w.reason, w.message) for w in plan.warnings] == [(
+        "ReplicasWithoutEntry", "6 replicas share 4 usable entries: replicas 4, 5 find none and stay Pending; add"
+                                " entries to gpu-scheduling-map or lower spec.replicas")]
+
+
+def test_an_entry_the_templates_selector_excludes_is_never_given():
+    plan = core.plan(core.workload(deployment(3, {"type": "Recreate"}, nodeSelector={"kubernetes.io/hostname": "node1"})))
+    assert [e.usable for e in plan.pool.entries] == [True, False, False, False]
+    assert plan.pool.entries[1].problems[0].reason == "NodeAffinity"
+    assert [r.placeable for r in plan.rows] == [True, False, False]
+    assert "3 replicas share 1 usable entry" in plan.warnings[0].message
+
+
+def test_what_looks_wrong_in_a_pool_map_is_warned_about():
+    plan = core.plan(core.workload(deployment(2, {"type": "Recreate"}, text="0=node1:0,1\n1=node1:1\n2=node2:0\n")))
+    assert [w.reason for w in plan.warnings] == ["EntrySizesDiffer"]
+    assert "the entries give 1 to 2 GPUs" in plan.warnings[0].message
+    assert [w.message for w in plan.pool.entries[1].warnings] == [
+        "entry 1 shares GPUs on node1: device 1 also in entry 0: two pods of the pool may run on them at once"]
+    assert not plan.template_counts_exact
+
+
+def test_a_pool_in_dra_mode_or_for_another_scheduler_is_not_placeable():
+    dra = core.plan(core.workload(deployment(2, annotations={MODE_ANNOTATION: "dra"})))
+    assert [p.reason for p in dra.rows[0].problems] == ["PoolInDRAMode"] and not dra.placeable
+    assert "set gpu-scheduler/device-env to cuda or nvidia" in dra.rows[0].problems[0].message
+    other = core.plan(core.workload(deployment(2, scheduler="default-scheduler")))
+    assert [p.reason for p in other.rows[1].problems] == ["NotOurScheduler"]
+
+
+def test_a_deployment_gang_names_its_replicas_and_warns_when_it_never_forms():
+    plan = core.plan(core.workload(deployment(4, annotations={"gpu-scheduler/gang": "true"})))
+    assert (plan.gang.name, plan.gang.size) == ("ns/web", 4)
+    assert [m.name for m in plan.gang.members] == [f"ns/web-replica-{i}" for i in range(4)]
+    short = core.plan(core.workload(deployment(3, annotations={"gpu-scheduler/gang": "true"})))
+    assert [w.reason for w in short.warnings] == ["GangNeverForms"]
+
+
+def test_other_controllers_pods_are_a_pool_with_the_pool_annotation_only():
+    pooled = {"gpu-scheduler/pool": "true"}
+    replicaset = core.workload(deployment(2, kind="ReplicaSet"))
+    assert (replicaset.pool, replicaset.replicas, replicaset.rollout) == (True, 2, None)
+    assert core.plan(replicaset).pool.workload == {"kind": "ReplicaSet", "namespace": "ns", "name": "web"}
+    daemonset = core.workload(deployment(None, kind="DaemonSet", annotations=pooled))
+    assert (daemonset.pool, daemonset.replicas) == (True, None)
+    assert [(r.replica, r.pod, r.placeable) for r in core.plan(daemonset).rows] == [(None, "web-*", True)]
+    assert not core.workload(deployment(None, kind="DaemonSet")).pool  # no index: as before
+    work = core.workload(job(mode="NonIndexed", annotations=pooled, text=POOL_MAP))
+    assert (work.pool, work.replicas) == (True, 1)
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "w-", "annotations": {
+        ANNOTATION: POOL_MAP, **pooled}}, "spec": {"schedulerName": SCHEDULER_NAME, "containers": []}}
+    assert [(r.pod, r.placeable) for r in core.plan(core.workload(bare)).rows] == [("w-*", True)]
+    # an index source on the template wins: the pods have an index of their own (here, none)
+    indexed = core.workload(deployment(2, annotations={"gpu-scheduler/index-label": "rank"}))
+    assert not indexed.pool and core.plan(indexed).rows[0].problems[0].reason == "UnknownIndex"
+
+
+# -- pools on the cluster: what bind decides for each replica now ----------------------------------
+def pool_pod(name, node="", entry=None, deleting=False, phase="Running"):
+    """A live pod of Deployment ns/web (ReplicaSet web-7d9f8), holding `entry` on `node`."""
+    meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+            "labels": {"app": "w", "pod-template-hash": "7d9f8"},
+            "annotations": {ANNOTATION: POOL_MAP},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9f8", "controller": True}]}
+    if entry is not None:
+        meta["annotations"].update({"gpu-scheduler/entry": str(entry), "gpu-scheduler/devices": "0,1"})
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    pod = {"metadata": meta, "spec": {"schedulerName": SCHEDULER_NAME, "containers": [{"name": "c"}]},
+           "status": {"phase": phase}}
+    if node:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def pool_view(pods=(), ready=("node1", "node2", "node3", "node4")) -> core.ReadView:
+    """Four nodes (those in `ready` Ready), with the bound `pods` on theirs."""
+    from gpu_scheduler.fit import NodeInfo
+    return core.ReadView(lambda name, deciding: NodeSnapshot(
+        name, node(name, ready=name in ready), NodeInfo.of([p for p in pods if p["spec"].get("nodeName") == name])),
+        pods)
+
+
+def replicas_of(obj):
+    return [dict(row.pod_object) for row in core.plan(core.workload(obj)).rows]
+
+
+def test_each_replica_takes_the_next_free_entry_as_bind_would_decide_them_in_turn():
+    framework = new_framework(SchedulerConfig())
+    holder = pool_pod("web-7d9f8-aaaaa", "node2", 1)
+    leaving = pool_pod("web-7d9f8-bbbbb", "node4", 3, deleting=True)
+    pods = replicas_of(deployment(4))
+    said = core.pool_answers(pods, framework, pool_view([holder, leaving, *pods]))
+    assert [(a.scheduling.action, a.scheduling.node, a.scheduling.entry) for a in said.answers] == [
+        ("bind", "node1", 0), ("bind", "node3", 2), ("wait", "node1", None), ("wait", "node1", None)]
+    assert said.answers[0].scheduling.message == "bind to node1, pool entry 0 (GPUs 0,1)"
+    refusal = said.answers[2].scheduling
+    assert refusal.plugin == "PoolEntry" and refusal.message.startswith(
+        "no entry of the pool is free (4 refused): entry 0 (node1:0,1): held by ns/web-replica-0; entry 1"
+        " (node2:0,1): held by ns/web-7d9f8-aaaaa; entry 2 (node3:0,1): held by ns/web-replica-1; entry 3"
+        " (node4:0,1): held by ns/web-7d9f8-bbbbb (terminating). Add entries")
+    assert "a pod leaving the node" in refusal.retried_on
+    assert [(e.entry, e.state, e.replica, e.message) for e in said.entries] == [
+        (0, core.TAKEN, 0, ""), (1, core.HELD, None, "held by ns/web-7d9f8-aaaaa"), (2, core.TAKEN, 1, ""),
+        (3, core.HELD, None, "held by ns/web-7d9f8-bbbbb (terminating)")]
+
+
+def test_a_bound_replica_holds_its_entry_and_a_free_entry_or_a_refused_one_is_said():
+    framework = new_framework(SchedulerConfig())
+    bound = pool_pod("web-7d9f8-aaaaa", "node2", 1)
+    pods = [bound, *replicas_of(deployment(2))[1:]]
+    said = core.pool_answers(pods, framework, pool_view(pods, ready=("node1", "node2", "node4")))
+    assert [(a.scheduling.action, a.scheduling.node, a.scheduling.entry) for a in said.answers] == [
+        ("nothing", "node2", 1), ("bind", "node1", 0)]
+    assert [(e.entry, e.state, e.replica, e.plugin) for e in said.entries] == [
+        (0, core.TAKEN, 1, ""), (1, core.HELD, 0, "PoolEntry"), (2, core.REFUSED_ENTRY, None, "NodeReady"),
+        (3, core.FREE, None, "")]
+    assert "not Ready" in said.entries[2].message
+
+
+def test_a_pool_gangs_replicas_are_decided_together_on_distinct_entries():
+    framework = new_framework(SchedulerConfig())
+    pods = replicas_of(deployment(4, annotations={"gpu-scheduler/gang": "4"}))
+    said = core.pool_answers(pods, framework, pool_view(pods))
+    assert sorted(a.scheduling.entry for a in said.answers) == [0, 1, 2, 3]
+    assert said.answers[0].gang.verdict.message == "bind 4 members together"
+    assert [e.state for e in said.entries] == [core.TAKEN] * 4
+    # one entry's node not Ready: the gang of 4 cannot form, every replica waits with its refusal
+    held = core.pool_answers(pods, framework, pool_view(pods, ready=("node1", "node2", "node3")))
+    assert {a.scheduling.action for a in held.answers} == {"wait"}
+    assert held.answers[0].gang.verdict.plugin == "Gang"
+
+
+def test_explain_reads_a_pool_pods_devices_from_its_annotations():
+    from gpu_scheduler.devices import pool_device_env
+    pod = pool_pod("web-7d9f8-aaaaa", "node2", 1)
+    pod["spec"]["containers"][0]["env"] = [{"name": k, **({"value": v} if isinstance(v, str) else {"valueFrom": v})}
+                                           for k, v in pool_device_env("nvidia").items()]
+    pod["metadata"]["annotations"]["gpu-scheduler/device-ordinals"] = "0,1"
+    assert core.device_env_of(pod) == {"c": {"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "0,1",
+                                             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+    assert core.device_env_refs(pod) == {"c": {"NVIDIA_VISIBLE_DEVICES": "gpu-scheduler/devices",
+                                               "CUDA_VISIBLE_DEVICES": "gpu-scheduler/device-ordinals"}}
+    assert core.pool_env_mode(pod) == "nvidia"
+    pending = pool_pod("web-7d9f8-new")
+    pending["spec"]["containers"][0]["env"] = pod["spec"]["containers"][0]["env"]
+    assert core.device_env_of(pending)["c"]["CUDA_VISIBLE_DEVICES"] is None  # not written until bound
+    assert core.pool_env_mode(pending) == "nvidia" and core.pool_env_mode(pool_pod("x")) is None
+    framework = new_framework(SchedulerConfig())
+    said = core.answer(pending, framework, pool_view([pod]))
+    assert (said.scheduling.action, said.scheduling.entry) == ("bind", 0)
+    states = list(core.entry_states(pending, framework, pool_view([pod]), {0: None}))
+    assert [(s.state, s.replica) for s in states] == [(core.TAKEN, None), (core.HELD, None), (core.FREE, None),
+                                                      (core.FREE, None)]
+
+
+def test_each_entrys_state_is_bind_s_verdict_on_that_entry_of_the_whole_map():
+    """Entries of one map that share a GPU are distinct entries (the map says the pods share it):
+    one held leaves the other free, as bind's PoolEntry says."""
+    framework = new_framework(SchedulerConfig())
+    text = "0=node1:0\n1=node1:0\n2=node2:0\n"
+    holder = pool_pod("web-7d9f8-aaaaa", "node1", 0)
+    holder["metadata"]["annotations"].update({ANNOTATION: text, "gpu-scheduler/devices": "0"})
+    pending = pool_pod("web-7d9f8-new")
+    pending["metadata"]["annotations"][ANNOTATION] = text
+    states = list(core.entry_states(pending, framework, pool_view([holder]), {}))
+    assert [(s.entry, s.state) for s in states] == [(0, core.HELD), (1, core.FREE), (2, core.FREE)]

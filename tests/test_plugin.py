@@ -222,8 +222,9 @@ def test_namespace_flag_defaults_and_must_agree(tmp_path):
     ("- 1\n- 2\n", "document 1: expected a Kubernetes object, found a list"),
     ("kind: StatefulSet\nmetadata: {name: x}\nspec: {replicas: -1, template: {spec: {}}}\n",
      "spec.replicas: expected a non-negative integer, found -1"),
-    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
-    ("", "no Pod, StatefulSet, Job, JobSet or LeaderWorkerSet with the gpu-scheduling-map annotation"),
+    ("kind: Service\nmetadata: {name: s}\n", "no Pod, StatefulSet, Job, JobSet, LeaderWorkerSet or Deployment with the"
+                                            " gpu-scheduling-map annotation"),
+    ("", "no Pod, StatefulSet, Job, JobSet, LeaderWorkerSet or Deployment with the gpu-scheduling-map annotation"),
 ])
 def test_malformed_manifests_exit_2_with_one_line(tmp_path, content, message):
     path = tmp_path / "m.yaml"
@@ -399,13 +400,16 @@ def test_suggest_refuses_a_bad_request_before_reading_the_cluster(unreachable_ku
 
 
 @pytest.mark.parametrize("manifest,message", [
-    ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+    ({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"},
       "spec": {"template": {"spec": {"schedulerName": "gpu-scheduler", "containers": []}}}},
-     "Deployment default/d: a Deployment's pods are named with generateName, so a map cannot name them;"
+     "DaemonSet default/d: a DaemonSet's pods are named with generateName, so a map cannot name them;"
      " suggest places the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated"
-     " jobs or a LeaderWorkerSet"),
+     " jobs, a LeaderWorkerSet or a Deployment (its pool)"),
+    ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+      "spec": {"replicas": 0, "template": {"spec": {"schedulerName": "gpu-scheduler", "containers": []}}}},
+     "Deployment default/d: spec.replicas is 0, so there is nothing to place; set spec.replicas to 1 or more"),
     ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
-     "no StatefulSet, Indexed Job, JobSet or LeaderWorkerSet to place"),
+     "no StatefulSet, Indexed Job, JobSet, LeaderWorkerSet or Deployment to place"),
     (with_map("0=node1:0", replicas=0), "spec.replicas is 0, so there is nothing to place; set spec.replicas to 1"),
 ])
 def test_suggest_names_the_fix_for_a_manifest_it_cannot_place(tmp_path, unreachable_kubeconfig, manifest, message):
@@ -613,3 +617,239 @@ def test_plan_names_the_field_of_a_malformed_jobset(tmp_path):
     code, _, err = run("plan", "-f", write(tmp_path, bad))
     assert code == 2 and ('document 1: spec.replicatedJobs[0].replicas: expected a non-negative integer, found "2"'
                           in err)
+
+
+# -- Deployments: pools (issue 44) -------------------------------------------------------------------------
+POOL_MAP = "0=node1:0,1\n1=node2:0,1\n2=node3:0,1\n3=node4:0,1\n"
+
+
+def deployment(replicas=4, strategy=None, text=POOL_MAP, annotations=None) -> dict:
+    spec = {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"},
+                                      "annotations": {**({"gpu-scheduling-map": text} if text else {}),
+                                                      **(annotations or {})}},
+                         "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "i"}]}}}
+    if strategy is not None:
+        spec["strategy"] = strategy
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "ns"}, "spec": spec}
+
+
+def test_plan_shows_a_deployments_pool_one_row_per_entry_and_the_rollouts_surge(tmp_path):
+    code, out, err = run("plan", "-f", write(tmp_path, deployment()))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == (f"Deployment ns/web ({tmp_path / 'w.yaml'}, document 1; a pool: replicas 4, maxSurge 1 (25%),"
+                        " maxUnavailable 1 (25%))")
+    assert lines[1].split() == ["ENTRY", "NODE", "CUDA_VISIBLE_DEVICES", "STATUS"]
+    assert [line.split() for line in lines[2:6]] == [[str(i), f"node{i + 1}", "0,1", "ok"] for i in range(4)]
+    assert lines[6] == ("  4 replicas (web-*), 5 pods during a rollout, share these 4 entries: each pod takes the first"
+                        " free one when bind binds it")
+    assert ("  warning: replicas 4 + maxSurge 1 (25% of 4) = 5 pods at once during a rollout, but the pool has 4"
+            " usable entries: the rollout would wait: a new pod gets an entry only when an old one leaves; add entries"
+            " or set maxSurge: 0") in lines
+    assert max(len(line) for line in lines[1:6]) <= 100
+    wide = run("plan", "-f", write(tmp_path, deployment()), "-o", "wide")[1].splitlines()
+    assert wide[1].split() == ["ENTRY", "NODE", "CUDA_VISIBLE_DEVICES", "NVIDIA", "MODE", "STATUS"]
+    quiet = run("plan", "-f", write(tmp_path, deployment(strategy={"rollingUpdate": {"maxSurge": 0}})))[1]
+    assert "warning" not in quiet and "a pool: replicas 4, maxSurge 0, maxUnavailable 1 (25%)" in quiet
+
+
+def test_plan_of_a_deployment_as_data_and_its_replicas_without_an_entry(tmp_path):
+    code, out, _ = run("plan", "-f", write(tmp_path, deployment(5)), "-o", "json")
+    [work] = json.loads(out)["workloads"]
+    assert code == 1 and work["placeable"] is False and (work["kind"], work["replicas"], work["indexed"]) == (
+        "Deployment", 5, False)
+    pool = work["pool"]
+    assert (pool["replicas"], pool["podsAtOnce"], pool["usableEntries"]) == (5, 7, 4)
+    assert pool["workload"] == {"kind": "Deployment", "namespace": "ns", "name": "web"}
+    assert pool["rollout"] == {"strategy": "RollingUpdate", "maxSurge": 2, "maxUnavailable": 1,
+                               "written": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+    assert [(e["entry"], e["node"], e["devices"], e["usable"]) for e in pool["entries"]] == [
+        (i, f"node{i + 1}", ["0", "1"], True) for i in range(4)]
+    assert pool["entries"][2]["env"]["cuda"] == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert [(p["replica"], p["pod"], p["placeable"]) for p in work["pods"]] == [
+        (0, "web-*", True), (1, "web-*", True), (2, "web-*", True), (3, "web-*", True), (4, "web-*", False)]
+    assert work["pods"][4]["problems"][0]["reason"] == "NoPoolEntry"
+    assert sentences(work) == [], "data, not sentences"
+    table = run("plan", "-f", write(tmp_path, deployment(5)))[1]
+    assert ("  not placed: replica 4: the pool has 4 usable entries for 5 replicas: the pod finds no entry and stays"
+            " Pending") in table
+
+
+class FakeCluster:
+    """What the plugin reads, from pods and Ready nodes given here (no API)."""
+
+    def __init__(self, pods=(), nodes=("node1", "node2", "node3", "node4"), gpus=4):
+        self.pods, self.node_names, self.gpus = [json.loads(json.dumps(p)) for p in pods], nodes, gpus
+
+    def pod(self, namespace, name):
+        return next((p for p in self.pods if p["metadata"]["name"] == name
+                     and p["metadata"]["namespace"] == namespace), None)
+
+    def pods_in(self, namespace):
+        return [p for p in self.pods if p["metadata"]["namespace"] == namespace]
+
+    def pdbs(self):
+        return []
+
+    def events(self, pod):
+        return []
+
+    def nodes(self):
+        return list(self.node_names)
+
+    def snapshot(self, name, pod, records_namespace):
+        from gpu_scheduler.fit import NodeInfo
+        from gpu_scheduler.framework.snapshot import NodeSnapshot
+        node = {"metadata": {"name": name, "labels": {}}, "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110", "nvidia.com/gpu": str(self.gpus)},
+            "capacity": {"nvidia.com/gpu": str(self.gpus)}}} if name in self.node_names else None
+        return NodeSnapshot(name, node, NodeInfo.of([p for p in self.pods if p["spec"].get("nodeName") == name]))
+
+    def gang_snapshot(self, name, pods, records_namespace):
+        return self.snapshot(name, pods[0] if pods else {}, records_namespace)
+
+
+def live_pod(name, node="", entry=None, deleting=False, env=True):
+    """A pod of Deployment ns/web's ReplicaSet web-7d9f8, as mutate admitted it (cuda mode)."""
+    from gpu_scheduler.devices import pool_device_env
+    annotations = {"gpu-scheduling-map": POOL_MAP}
+    if entry is not None:
+        annotations.update({"gpu-scheduler/entry": str(entry), "gpu-scheduler/devices": "0,1",
+                            "gpu-scheduler/device-ordinals": "0,1"})
+    pod = {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": annotations,
+                        "labels": {"app": "web", "pod-template-hash": "7d9f8"},
+                        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-7d9f8", "controller": True}]},
+           "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "env": [
+               {"name": k, **({"value": v} if isinstance(v, str) else {"valueFrom": v})}
+               for k, v in pool_device_env("cuda").items()] if env else []}]},
+           "status": {"phase": "Running" if node else "Pending"}}
+    if node:
+        pod["spec"]["nodeName"] = node
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    return pod
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """Sets the cluster the plugin reads: cluster(pods, ...)."""
+    def use(pods=(), **kwargs):
+        fake = FakeCluster(pods, **kwargs)
+        monkeypatch.setattr("kubectl_gpu_scheduler.cli.connect", lambda args: (fake, args.namespace or "default"))
+        return fake
+    return use
+
+
+def test_plan_cluster_says_which_replica_takes_which_entry_now(tmp_path, cluster):
+    cluster([live_pod("web-7d9f8-aaaaa", "node2", 1), live_pod("web-7d9f8-bbbbb", "node4", 3, deleting=True)])
+    code, out, err = run("plan", "-f", write(tmp_path, deployment(4)), "--cluster", "--quota", "false")
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    assert [line.split(None, 3) for line in lines[2:6]] == [
+        ["0", "node1", "0,1", "bind now: replica 1"], ["1", "node2", "0,1", "held by ns/web-7d9f8-aaaaa (replica 0)"],
+        ["2", "node3", "0,1", "bind now: replica 2"], ["3", "node4", "0,1", "held by ns/web-7d9f8-bbbbb (terminating)"]]
+    [waits] = [line for line in lines if line.startswith("  not placed now:")]
+    assert waits.startswith("  not placed now: replica 3: no entry of the pool is free (4 refused): entry 0"
+                            " (node1:0,1): held by ns/web-replica-1;")
+    code, out, _ = run("plan", "-f", write(tmp_path, deployment(4)), "--cluster", "--quota", "false", "-o", "json")
+    [work] = json.loads(out)["workloads"]
+    assert [(p["replica"], p["cluster"]["decision"], p["cluster"]["node"], p["cluster"]["entry"]) for p in work["pods"]] == [
+        (0, "none", "node2", 1), (1, "bind", "node1", 0), (2, "bind", "node3", 2), (3, "wait", "node1", None)]
+    assert [e["cluster"]["state"] for e in work["pool"]["entries"]] == ["taken", "held", "taken", "held"]
+    # the old pod gone: every replica has an entry
+    cluster([live_pod("web-7d9f8-aaaaa", "node2", 1)])
+    code, out, _ = run("plan", "-f", write(tmp_path, deployment(4)), "--cluster", "--quota", "false")
+    assert code == 0 and "bind now: replica 3" in out
+
+
+def test_explain_a_pending_pool_pod_names_each_entry_and_a_bound_one_its_entry(cluster):
+    holders = [live_pod(f"web-7d9f8-h{i}", f"node{i + 1}", i) for i in range(4)]
+    cluster([*holders, live_pod("web-7d9f8-new")])
+    code, out, err = run("explain", "web-7d9f8-new", "-n", "ns", "--quota", "false")
+    assert (code, err) == (1, "")
+    assert ("Pool:           Deployment ns/web's pods share the map's 4 entries; this pod holds none yet: bind gives"
+            " it the first free one when it binds it") in out
+    assert "  c: CUDA_VISIBLE_DEVICES=<not written yet> (from gpu-scheduler/devices) CUDA_DEVICE_ORDER=PCI_BUS_ID" in out
+    assert "  read from the annotations bind's Binding writes (cuda mode)" in out
+    assert "Scheduling:     waits in bind's queue, refused by PoolEntry: no entry of the pool is free (4 refused):" in out
+    assert "entry 3 (node4:0,1): held by ns/web-7d9f8-h3. Add entries to gpu-scheduling-map" in out
+    lines = out.splitlines()
+    start = lines.index("Pool entries now:")
+    assert [line.split(None, 2) for line in lines[start + 2:start + 6]] == [
+        [str(i), "held", f"PoolEntry: held by ns/web-7d9f8-h{i}"] for i in range(4)]
+    assert "UnknownIndex" not in out and "PoolUnassigned" not in out
+    code, out, _ = run("explain", "web-7d9f8-h2", "-n", "ns", "--quota", "false", "-o", "json")
+    answer = json.loads(out)
+    assert code == 0 and (answer["index"], answer["entry"], answer["node"]) == (None, "2=node3:0,1", "node3")
+    assert answer["pool"] == {"workload": {"kind": "Deployment", "namespace": "ns", "name": "web"}, "entries": 4,
+                              "entry": 2}
+    assert answer["envCheck"] == {"matches": True, "mode": "cuda"} and "problem" not in answer
+    assert answer["env"] == {"c": {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+    assert answer["scheduling"]["entry"] == 2
+    # an entry freed: the pending pod takes it
+    cluster([*holders[:3], live_pod("web-7d9f8-new", env=False)])
+    code, out, _ = run("explain", "web-7d9f8-new", "-n", "ns", "--quota", "false")
+    assert code == 0 and "Scheduling:     bind: bind to node4, pool entry 3 (GPUs 0,1)" in out
+    assert "  not read from the annotations bind's Binding writes" in out  # admitted without the webhook
+
+
+def test_suggest_writes_a_deployments_pool_map_of_replicas_and_surge(tmp_path, cluster):
+    cluster([live_pod("other-0", "node1", None)], nodes=("node1", "node2"), gpus=4)
+    path = write(tmp_path, deployment(3, text=None))
+    code, out, err = run("suggest", "-f", path, "--gpus", "2")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[:7] == [
+        "Deployment ns/web (a pool: replicas 3, maxSurge 1 (25%), maxUnavailable 0 (25%); 2 GPUs each)",
+        "ENTRY   NODE    DEVICES", "0       node1   0,1", "1       node2   0,1", "2       node1   2,3",
+        "3       node2   2,3",
+        "4 entries: one for each of the 3 replicas and the 1 more a rollout adds (maxSurge); each pod takes the first"
+        " free one when bind binds it"]
+    code, out, _ = run("suggest", "-f", path, "--gpus", "2", "-o", "yaml")
+    written = yaml.safe_load(out)
+    assert written["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] == (
+        "0=node1:0,1\n1=node2:0,1\n2=node1:2,3\n3=node2:2,3\n")
+    code, _, err = run("suggest", "-f", path, "--gpus", "3")
+    assert code == 1 and "4 entries x 3 GPUs = 12 GPUs do not fit" in err
+
+
+def test_the_plugin_reads_bind_s_entry_records_with_its_device_records():
+    """An entry a bind instance gave moments ago (its Lease), its pod not bound yet: the snapshot
+    holds it, so plan and explain see the entry taken, as bind does."""
+    import time
+    from gpu_scheduler.records import entry_lease_for, workload_key
+    from kubectl_gpu_scheduler.cluster import Cluster
+
+    pool = workload_key(("owner", "ns", "Deployment", "web"))
+    lease = entry_lease_for("node1", pool, 0, "ns/web-7d9f8-given", "uid-given", time.time())
+    lease["metadata"]["resourceVersion"] = "5"
+
+    class Api:
+        def list_leases(self, namespace, selector):
+            return [([lease], None)]
+
+        def read_node(self, name):
+            return FakeCluster().snapshot(name, {}, "").node
+
+        def list_pods(self, selector):
+            return []
+
+        pods = [live_pod("web-7d9f8-given")]
+
+        def read_pod(self, namespace, name):
+            from kubeapi.errors import APIError
+            found = [p for p in self.pods if p["metadata"]["name"] == name]
+            if not found:
+                raise APIError(404, "not found", "NotFound", "pods", name)
+            return {**found[0], "metadata": {**found[0]["metadata"], "uid": "uid-given"}}
+
+    from gpu_scheduler.plugins.registry import new_framework
+    api = Api()
+    for held, node in ((True, "node2"), (False, "node1")):  # the pod deleted: its record holds nothing
+        snapshot = Cluster(api).snapshot("node1", {}, "gpu-scheduler")
+        assert list(snapshot.entries) == [(pool, 0)] and (snapshot.gone == frozenset()) == held
+        decision = new_framework().decide(live_pod("web-7d9f8-new"), lambda name: snapshot if name == "node1" else
+                                          FakeCluster().snapshot(name, {}, ""))
+        assert decision.node.name == node
+        api.pods = []

@@ -6,6 +6,7 @@ are free and where. No Kubernetes API."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -223,13 +224,15 @@ def test_pick_takes_the_fullest_fitting_group_and_its_lowest_devices():
     (statefulset(2), 0, "--gpus 0: each replica needs at least 1 GPU; give --gpus 1 or more"),
     (statefulset(0), 1, "StatefulSet team/train: spec.replicas is 0, so there is nothing to place;"
                         " set spec.replicas to 1 or more"),
-    ({**statefulset(2), "kind": "Deployment"}, 1, "Deployment team/train: a Deployment's pods are named with"
-                                                  " generateName, so a map cannot name them"),
+    ({**statefulset(0), "kind": "Deployment"}, 1, "Deployment team/train: spec.replicas is 0, so there is nothing"
+                                                  " to place; set spec.replicas to 1 or more"),
     ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
       "spec": {"template": statefulset()["spec"]["template"]}}, 1,
      "Job default/j: a NonIndexed Job's pods are named with generateName, so a map cannot name them; suggest places"
-     " the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs or a"
-     " LeaderWorkerSet"),
+     " the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs, a"
+     " LeaderWorkerSet or a Deployment (its pool)"),
+    ({**statefulset(2, dra_mode=True), "kind": "Deployment"}, 1,
+     "Deployment team/train: a pool pod cannot use device mode dra yet"),
     (statefulset(2, schedulerName="default-scheduler"), 1,
      "spec.template.spec.schedulerName is default-scheduler, so bind would not place the replicas; set it to"
      " gpu-scheduler"),
@@ -371,3 +374,77 @@ def test_a_jobset_or_leaderworkerset_template_for_another_scheduler_names_its_fi
     with pytest.raises(SuggestError, match="spec.leaderWorkerTemplate.leaderTemplate.spec.schedulerName is"
                                            " default-scheduler"):
         suggest(workloads(with_empty_maps(obj)), 1, PACK, [snapshot(node("a"))], FRAMEWORK, CONFIG)
+
+
+# -- a Deployment: a pool, one entry for each pod its rollout runs at once ------------------------------
+def deployment(replicas: int = 4, strategy: dict | None = None, **kwargs) -> dict:
+    """A Deployment as the plugin gives it to suggest (its template as if it had a map)."""
+    obj = {**statefulset(replicas, name="web", **kwargs), "kind": "Deployment"}
+    obj["spec"].pop("serviceName")
+    if strategy is not None:
+        obj["spec"]["strategy"] = strategy
+    return with_empty_maps(obj)
+
+
+def pool_of_map(obj: dict, text: str) -> dict:
+    annotated = json.loads(json.dumps(obj))
+    annotate(annotated, text)
+    return annotated
+
+
+def test_a_deployment_gets_an_entry_for_each_replica_and_its_surge_on_free_gpus_that_bind_then_gives():
+    from gpu_scheduler import plan as core
+    nodes = [snapshot(node("a"), pods=[holder("h", "a", "0")]), snapshot(node("b")), snapshot(node("c"))]
+    obj = deployment(4)  # maxSurge 25% of 4: 1
+    result = run(obj, 2, SPREAD, nodes)
+    assert isinstance(result, Placed)
+    assert result.map_text == "0=a:1,2\n1=b:0,1\n2=c:0,1\n3=b:2,3\n4=c:2,3\n"
+    assert [c.pod for c in result.choices] == ["web-*"] * 5
+    # the map written into the template: plan sees a pool of 5 entries for 4 replicas (no rollout warning),
+    # and bind's framework gives each replica, then the surge pod, an entry of its own
+    annotated = pool_of_map(obj, result.map_text)
+    assert annotated["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] == result.map_text
+    plan = core.plan(core.workload(annotated))
+    assert plan.warnings == () and plan.placeable
+    by_name = {n.name: n for n in nodes}
+    pods = [dict(row.pod_object) for row in plan.rows] + [{**plan.rows[0].pod_object, "metadata": {
+        **plan.rows[0].pod_object["metadata"], "name": "web-surge"}}]
+    view = core.ReadView(lambda name, deciding: by_name[name], pods)
+    said = core.pool_answers(pods, FRAMEWORK, view)
+    assert [a.scheduling.entry for a in said.answers] == [0, 1, 2, 3, 4]
+
+
+def test_pack_fills_a_node_with_a_pools_entries_first():
+    nodes = [snapshot(node("a")), snapshot(node("b"))]
+    result = run(deployment(2, {"type": "Recreate"}), 1, PACK, nodes)
+    assert result.map_text == "0=a:0\n1=a:1\n"
+
+
+def test_a_pool_that_does_not_fit_names_its_entries():
+    nodes = [snapshot(node("a", gpus=2)), snapshot(node("b", gpus=2))]
+    result = run(deployment(2), 2, SPREAD, nodes)  # 2 replicas + maxSurge 1 = 3 entries of 2 GPUs: 6 > 4
+    assert isinstance(result, Shortfall)
+    assert result.message.startswith("Deployment team/web: 3 entries x 2 GPUs = 6 GPUs do not fit: 4 GPUs are free"
+                                      " now: a 0,1; b 0,1; each entry needs 2 on one node. 2 of 3 entries fit;"
+                                      " entry 2 does not")
+
+
+def test_the_running_deployments_own_entries_do_not_hold_its_new_map():
+    # its running pods hold entries 0 and 1 of the old map: a rollout replaces them, so the new map
+    # may use those indexes (and, as a StatefulSet's, its own pods' GPUs)
+    running = [{**holder(f"web-old{i}", on, "0,1", namespace="team"), "metadata": {
+        "name": f"web-old{i}", "namespace": "team", "uid": f"old{i}",
+        "labels": {"pod-template-hash": "old"},
+        "annotations": {"gpu-scheduler/devices": "0,1", "gpu-scheduler/entry": str(i), ANNOTATION: "0=a:0,1\n1=b:0,1"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-old", "controller": True}]}}
+        for i, on in enumerate(("a", "b"))]
+    nodes = [snapshot(node("a", gpus=2), pods=[running[0]]), snapshot(node("b", gpus=2), pods=[running[1]])]
+    result = run(deployment(2, {"type": "Recreate"}), 2, SPREAD, nodes)
+    assert isinstance(result, Placed) and result.map_text == "0=a:0,1\n1=b:0,1\n"
+
+
+def test_annotate_writes_a_deployments_map_into_its_pod_template():
+    obj = deployment(1)
+    annotate(obj, "0=a:0\n")
+    assert obj["spec"]["template"]["metadata"]["annotations"] == {ANNOTATION: "0=a:0\n"}
+    assert "annotations" not in obj["metadata"]
