@@ -109,6 +109,7 @@ PLUGINS = {
     "Preemption-would-not-fit": "GPUsHeld",
     "Preemption-victim-terminating": "GPUsHeld",
     "GPUsHeld-being-freed": "GPUsHeld",
+    "PoolEntry": "PoolEntry",
 }
 
 
@@ -339,6 +340,24 @@ def held_by_a_fresh_record(s: Situation) -> Pending:
         + r"\d\d:\d\d:\d\d UTC" + re.escape(") unless that pod is bound")))
 
 
+def pool_entry_held(s: Situation) -> Pending:
+    """A pool pod (gpu-scheduler/pool: "true", as a Deployment's pods are without it) whose map's one
+    entry another live pod of its workload (bare pods of one map) holds."""
+    node = s.node()
+    holder = pod_manifest(s.namespace, "pool-a", f"0={node}:1\n")
+    holder["metadata"]["annotations"]["gpu-scheduler/pool"] = "true"
+    s.apply(holder)
+    [bound] = s.stack.wait_bound(s.namespace, 1)
+    assert bound["metadata"]["annotations"]["gpu-scheduler/entry"] == "0"
+    pod = pod_manifest(s.namespace, "pool-b", f"0={node}:1\n")
+    pod["metadata"]["annotations"]["gpu-scheduler/pool"] = "true"
+    s.apply(pod)
+    return Pending(s.namespace, "pool-b", pod, (
+        f"no entry of the pool is free (1 refused): entry 0 ({node}:1): held by {s.namespace}/pool-a. Add entries to"
+        " gpu-scheduling-map, or set maxSurge: 0 on the Deployment so that an old pod leaves before a new one is"
+        " created"))
+
+
 def held_at_the_sharing_limit(s: Situation) -> Pending:
     """MAX_HOLDERS workloads share GPU 1: one has a pod on the node (it keeps the record held),
     the others are only lines of the record."""
@@ -531,6 +550,7 @@ SITUATIONS = {
     "Preemption-would-not-fit": preemption_would_not_fit,
     "Preemption-victim-terminating": preemption_victim_terminating,
     "GPUsHeld-being-freed": held_for_a_preemptor,
+    "PoolEntry": pool_entry_held,
 }
 assert SITUATIONS.keys() == PLUGINS.keys()
 
