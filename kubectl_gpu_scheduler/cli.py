@@ -117,6 +117,19 @@ exit status:
   1  they do not fit: the message says how many GPUs are free, and where
 {CANNOT_ANSWER}"""
 SUGGEST_FORMATS = ("table", "yaml", "json")
+GPUS_FORMATS = ("table", "wide", "json", "yaml", "grid")
+GPUS_EXAMPLES = f"""examples:
+  # every GPU, who holds it and who waits for it, then free of total per node and per type
+  {PROG} gpus
+
+  # the picture: a node per line, a letter per workload, . free
+  {PROG} gpus -o grid --watch
+
+  # one node; the GPUs one namespace's pods hold or wait for; JSON for scripts
+  {PROG} gpus --node node4
+  {PROG} gpus -n team-a -o json
+
+{CANNOT_ANSWER}"""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -195,6 +208,20 @@ def parser() -> argparse.ArgumentParser:
     suggest.add_argument("--in-place", action="store_true",
                          help="write the map into FILE (rewritten as YAML or JSON: its comments are not kept)")
     common(suggest, SUGGEST_FORMATS)
+    gpus_command = commands.add_parser(
+        "gpus", help="every GPU of the cluster: its state, who holds it, who waits for it", epilog=GPUS_EXAMPLES,
+        **text, description="One row per GPU of every node (nvidia.com/gpu capacity, or the DRA driver's\n"
+        "ResourceSlices): its node, index (and UUID where known), type, state (free, held,\n"
+        "shared by N workloads, in flight: recorded and not yet bound, being freed for a\n"
+        "preemptor until a time), the pods holding it and their workloads, since when, and\n"
+        "the pending pods whose entry names it, with the reason bind gives them (explain's).\n"
+        "Then free of total per node and per GPU type. The states are bind's own rules,\n"
+        "on the same reads as explain.")
+    gpus_command.add_argument("--node", help="only this node's GPUs")
+    gpus_command.add_argument("--watch", "-w", action="store_true",
+                              help="draw again whenever pods, nodes or bind's records change (from watches)")
+    common(gpus_command, GPUS_FORMATS)
+    gpus_command.set_defaults(namespace_filter=True)
     return top
 
 
@@ -613,6 +640,8 @@ def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None
             for error in errors:
                 _say(f"error: {error}\n", stderr)
             return ERROR if errors else (OK if answer["placeable"] else NOT_PLACEABLE)
+        if args.command == "gpus":
+            return run_gpus(args, stdout)
         answer = run_explain(args)
         _say(output.render(answer, args.output, output.explain_table), stdout)
         return OK if answer["placeable"] else NOT_PLACEABLE
@@ -624,6 +653,44 @@ def main(argv: Sequence[str] | None = None, stdin=None, stdout=None, stderr=None
     except Exception as error:  # API errors, and anything unforeseen: one line, never a traceback
         _say(f"error: {_api_problem(error, getattr(args, 'server', None))}\n", stderr)
         return ERROR
+
+
+def run_gpus(args, stdout) -> int:
+    """`gpus`: the view once, or (--watch) drawn again on every change until interrupted."""
+    import threading
+
+    from . import gpus
+
+    cluster, _ = connect(args)
+    fw = framework(args)
+
+    def answer_for(pending):
+        pdbs = cluster.pdbs()
+
+        def answer(pod):
+            namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+            return core.answer(pod, fw, read_view(cluster, args, core.Lazy(lambda: cluster.pods_in(namespace)), pdbs))
+        return answer
+
+    reads = gpus.Reads(cluster.api, args.scheduler_namespace)
+    tty = hasattr(stdout, "isatty") and stdout.isatty()
+
+    def draw_now() -> str:
+        cluster.forget()  # every draw reads the cluster anew
+        return gpus.render(gpus.view_now(reads, answer_for, args.node, args.namespace), args.output, tty)
+    if not args.watch:
+        _say(draw_now(), stdout)
+        return OK
+    stop = threading.Event()
+
+    def draw():
+        text = draw_now()
+        _say(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"), stdout)
+    try:
+        gpus.watch(cluster.api, args.scheduler_namespace, draw, stop)
+    except KeyboardInterrupt:
+        stop.set()
+    return OK
 
 
 def _api_problem(error: Exception, server: str | None) -> str:

@@ -40,6 +40,10 @@ class Cluster:
         self._dra: DraSupport | None = None
         self._quotas: dict[str, list[dict] | None] = {}
 
+    def forget(self) -> None:
+        """Read everything anew from now on (`gpus --watch` draws the cluster as it is at each change)."""
+        self.__init__(self.api)
+
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
         if name not in self._nodes:

@@ -1,0 +1,278 @@
+"""kubectl gpu-scheduler gpus: every GPU of the cluster, who holds it, who waits for it.
+
+Reads each kind once (nodes, pods, bind's records, DRA slices where served), builds the node
+snapshots bind decides on (gpu_scheduler.framework.snapshot.NodeSnapshot), and asks the core
+(gpu_scheduler/gpus.py) for each GPU's state with bind's own record rules. A pending pod of ours is
+shown on the GPUs its entry names (a pool pod: every entry's) with explain's verdict
+(gpu_scheduler.plan.answer on the same framework and reads as `explain`), so `gpus`, `explain`
+and bind never disagree. `--watch` redraws when a watch of pods, nodes or bind's records reports
+a change (at most every WATCH_SETTLE seconds): no polling."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import yaml
+
+from gpu_scheduler import SCHEDULER_NAME
+from gpu_scheduler import plan as core
+from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
+from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.gpus import (
+    BEING_FREED, FREE, HELD, IN_FLIGHT, SHARED, GpuView, Waiter, gpu_view, only,
+)
+from gpu_scheduler.podinputs import PodInputs
+from gpu_scheduler.records import RECORD_SELECTOR, EntryRecord, Record
+from kubeapi.errors import APIError
+from kubeapi.projection import PODS
+
+from .output import columns
+
+FORMATS = ("table", "wide", "json", "yaml", "grid")
+WATCH_SETTLE = 0.5  # seconds between redraws while changes keep coming
+WATCH_SECONDS = 300  # one watch call's length; then it is made again from where it ended
+# The grid: one character a GPU. A holder's letter is its workload's (the legend); these are the rest.
+GRID_FREE, GRID_IN_FLIGHT, GRID_BEING_FREED, GRID_SHARED = ".", "+", "~", "*"
+# ANSI colours for the letters, on a terminal: one per workload, cycling.
+COLOURS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
+
+
+class Reads:
+    """Everything `gpus` reads, each kind listed once."""
+
+    def __init__(self, api, records_namespace: str):
+        self.api, self.records_namespace = api, records_namespace
+
+    def read(self) -> tuple[list[dict], list[dict], list[Record], list[EntryRecord], list[dict]]:
+        # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
+        leases = [lease for page, _ in self.api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
+        nodes = [node for page, _ in self.api.list_nodes() for node in page]
+        pods = [pod for page, _ in self.api.list_all_pods(projection=PODS) for pod in page]
+        try:
+            slices = [s for page, _ in self.api.list_resource_slices() for s in page]
+        except APIError as error:
+            if not error.not_found:  # resource.k8s.io/v1 not served (before 1.34): no slices
+                raise
+            slices = []
+        records = [r for r in map(Record.of, leases) if r is not None]
+        entries = [r for r in map(EntryRecord.of, leases) if r is not None]
+        return nodes, pods, records, entries, slices
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def scheduled_since(pod: Mapping[str, Any]) -> str:
+    """When the pod was bound: its PodScheduled condition's transition time ('' if unknown)."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            return str(condition.get("lastTransitionTime") or "")
+    return ""
+
+
+def snapshots(nodes: list[dict], pods: list[dict], records: list[Record], entries: list[EntryRecord],
+              slices: list[dict], now: float) -> list[NodeSnapshot]:
+    """Each node as bind's framework sees it: its non-terminal pods, bind's records of its devices
+    (a record whose pod is not among `pods` names a pod gone), its slices."""
+    on: dict[str, list[PodInfo]] = {}
+    uids = set()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uids.add(str(meta.get("uid") or ""))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and not is_terminal(pod):
+            on.setdefault(node, []).append(PodInfo.of(pod))
+    records_on: dict[str, dict[str, Record]] = {}
+    for record in records:
+        records_on.setdefault(record.node, {})[record.device] = record
+    entries_on: dict[str, dict[tuple[str, int], EntryRecord]] = {}
+    for entry in entries:
+        entries_on.setdefault(entry.node, {})[(entry.pool, entry.entry)] = entry
+    slices_on: dict[str, list[dict]] = {}
+    for piece in slices:
+        node = (piece.get("spec") or {}).get("nodeName")
+        if node:
+            slices_on.setdefault(node, []).append({"spec": piece.get("spec")})
+    gone = frozenset(r.last_uid for r in (*records, *entries) if r.last_uid and r.last_uid not in uids)
+    gone |= frozenset(r.nominee_uid for r in records if r.nominee_uid and r.nominee_uid not in uids)
+    return [NodeSnapshot(name=_name(node), node=node, info=NodeInfo.of(on.get(_name(node), ())),
+                         records=records_on.get(_name(node), {}), gone=gone, now=now,
+                         slices=tuple(slices_on.get(_name(node), ())), entries=entries_on.get(_name(node), {}))
+            for node in nodes if _name(node)]
+
+
+def waiting_pods(pods: Iterable[dict]) -> list[dict]:
+    """Our pending pods: gpu-scheduler's, not bound, not finished, not being deleted."""
+    return [p for p in pods if (p.get("spec") or {}).get("schedulerName") == SCHEDULER_NAME
+            and not (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
+            and not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+
+def waiters(pending: list[dict], answer: Callable[[dict], core.Answer]) -> list[tuple[Waiter, list[tuple[str, str]]]]:
+    """Each pending pod with explain's verdict, and the (node, device) pairs its entries name."""
+    found = []
+    for pod in pending:
+        choice = PodInputs.of(pod).choice
+        places = [(entry.placement.node, device) for entry in choice.options for device in entry.placement.devices]
+        if not places:
+            continue  # no entry: it waits for no GPU (explain says why)
+        said = answer(pod).scheduling
+        meta = pod.get("metadata") or {}
+        found.append((Waiter(f"{meta.get('namespace')}/{meta.get('name')}", said.plugin or "", said.message,
+                             said.action), places))
+    return found
+
+
+def view_now(reads: Reads, answer_for: Callable[[list[dict]], Callable[[dict], core.Answer]],
+             node: str | None = None, namespace: str | None = None) -> GpuView:
+    nodes, pods, records, entries, slices = reads.read()
+    since = {str((p.get("metadata") or {}).get("uid") or ""): scheduled_since(p) for p in pods
+             if (p.get("spec") or {}).get("nodeName")}
+    pending = waiting_pods(pods)
+    view = gpu_view(snapshots(nodes, pods, records, entries, slices, time.time()),
+                    waiters(pending, answer_for(pending)) if pending else (), since)
+    return only(view, node, namespace) if (node or namespace) else view
+
+
+# -- output --------------------------------------------------------------------------------------
+def as_data(view: GpuView) -> dict[str, Any]:
+    def gpu(g) -> dict[str, Any]:
+        data: dict[str, Any] = {"node": g.node, "device": g.device, "uuid": g.uuid or None, "type": g.product,
+                                "state": g.state, "since": g.since or None,
+                                "holders": [{"pod": h.pod, "workload": h.workload, "since": h.since or None}
+                                            for h in g.holders],
+                                "workloads": list(g.workloads)}
+        if g.state == BEING_FREED:
+            data.update(nominee=g.nominee, until=g.until)
+        if g.state == IN_FLIGHT:
+            data.update(recordedFor=g.in_flight_for, graceUntil=g.until)
+        data["waiting"] = [{"pod": w.pod, "action": w.action, "plugin": w.plugin or None, "message": w.message}
+                           for w in g.waiting]
+        return data
+    return {"gpus": [gpu(g) for g in view.gpus],
+            "nodes": [{"node": c.name, "free": c.free, "total": c.total} for c in view.nodes],
+            "types": [{"type": c.name, "free": c.free, "total": c.total} for c in view.types],
+            "legend": dict(view.legend)}
+
+
+def _state_text(gpu) -> str:
+    if gpu.state == SHARED:
+        return f"shared by {len(gpu.workloads)}"
+    if gpu.state == BEING_FREED:
+        return f"being freed for {gpu.nominee} until {gpu.until}"
+    if gpu.state == IN_FLIGHT:
+        return f"in flight (recorded for {gpu.in_flight_for}, not bound yet)"
+    if gpu.state == HELD and len(gpu.holders) > 1:  # one workload's pods whose map shares the GPU
+        return f"held ({len(gpu.holders)} pods)"
+    return gpu.state
+
+
+def table(view: GpuView, wide: bool = False) -> str:
+    header = ["NODE", "GPU", "TYPE", "STATE", "HOLDERS", "WORKLOADS", "SINCE", "WAITING"]
+    if wide:
+        header.insert(2, "UUID")
+    rows = []
+    for g in view.gpus:
+        waiting = ", ".join(w.pod for w in g.waiting) or "-"
+        row = [g.node, g.device, g.product, _state_text(g), ", ".join(h.pod for h in g.holders) or "-",
+               ", ".join(g.workloads) or "-", g.since or "-", waiting]
+        if wide:
+            row.insert(2, g.uuid or "-")
+        rows.append(row)
+    text = columns(header, rows) if rows else "no GPUs: no node advertises nvidia.com/gpu\n"
+    text += "\n" + summary(view)
+    refusals = {(w.pod, w.message) for g in view.gpus for w in g.waiting if w.action != "bind"}
+    if wide and refusals:
+        text += "\nWaiting:\n" + "".join(f"  {pod}: {message}\n" for pod, message in sorted(refusals))
+    return text
+
+
+def summary(view: GpuView) -> str:
+    nodes = "  ".join(f"{c.name} {c.free}/{c.total}" for c in view.nodes)
+    types = "  ".join(f"{c.name} {c.free}/{c.total}" for c in view.types)
+    free, total = sum(c.free for c in view.nodes), sum(c.total for c in view.nodes)
+    return f"free {free} of {total}\nfree by node: {nodes or '-'}\nfree by type: {types or '-'}\n"
+
+
+def grid(view: GpuView, colour: bool = False) -> str:
+    """A node per line, a character per GPU: the holding workload's letter, `.` free, `*` shared,
+    `+` in flight, `~` being freed; the legend below."""
+    colours = {workload: COLOURS[i % len(COLOURS)] for i, workload in enumerate(view.legend)}
+    by_node: dict[str, list] = {}
+    for g in view.gpus:
+        by_node.setdefault(g.node, []).append(g)
+    width = max((len(n) for n in by_node), default=4)
+    lines = []
+    for node, gpus in by_node.items():
+        cells = []
+        for g in gpus:
+            if g.state == FREE:
+                cell = GRID_FREE
+            elif g.state == SHARED:
+                cell = GRID_SHARED
+            elif g.state == IN_FLIGHT:
+                cell = GRID_IN_FLIGHT
+            elif g.state == BEING_FREED:
+                cell = GRID_BEING_FREED
+            else:
+                cell = view.legend.get(g.workloads[0], "?") if g.workloads else "?"
+            if colour and g.state == HELD and g.workloads:
+                cell = f"\x1b[{colours[g.workloads[0]]}m{cell}\x1b[0m"
+            cells.append(cell)
+        free = sum(g.state == FREE for g in gpus)
+        lines.append(f"{node.ljust(width)}  {' '.join(cells)}   {free}/{len(gpus)} free")
+    legend = [f"  {letter}  {workload}" for workload, letter in view.legend.items()]
+    keys = f"  {GRID_FREE} free   {GRID_SHARED} shared by several workloads   {GRID_IN_FLIGHT} in flight (recorded, not yet bound)   {GRID_BEING_FREED} being freed for a preemptor"
+    return "\n".join([*lines, "", *legend, keys, ""]) if lines else "no GPUs: no node advertises nvidia.com/gpu\n"
+
+
+def render(view: GpuView, form: str, tty: bool = False) -> str:
+    if form == "json":
+        return json.dumps(as_data(view), indent=2) + "\n"
+    if form == "yaml":
+        return yaml.safe_dump(as_data(view), sort_keys=False, width=1000)
+    if form == "grid":
+        return grid(view, colour=tty and not os.environ.get("NO_COLOR"))
+    return table(view, wide=form == "wide")
+
+
+# -- --watch -------------------------------------------------------------------------------------
+def watch(api, records_namespace: str, draw: Callable[[], None], stop: threading.Event) -> None:
+    """Draw, then draw again each time a watch of pods, nodes or bind's records reports a change
+    (changes that keep coming are drawn at most every WATCH_SETTLE seconds), until `stop`."""
+    changed = threading.Event()
+
+    def follow(list_pages, watch_from):
+        version = ""
+        while not stop.is_set():
+            try:
+                if not version:
+                    for _, version in list_pages():
+                        pass
+                for kind, _obj, _size in watch_from(version):
+                    if kind == "ERROR":  # 410: too old; list again
+                        version = ""
+                        break
+                    if kind != "BOOKMARK":
+                        changed.set()
+            except APIError:
+                version = ""
+                stop.wait(1.0)
+    follows = [
+        (lambda: api.list_all_pods(projection=PODS), lambda v: api.watch_all_pods(v, WATCH_SECONDS, projection=PODS)),
+        (api.list_nodes, lambda v: api.watch_nodes(v, WATCH_SECONDS)),
+        (lambda: api.list_leases(records_namespace, RECORD_SELECTOR),
+         lambda v: api.watch_leases(records_namespace, RECORD_SELECTOR, v, WATCH_SECONDS)),
+    ]
+    for list_pages, watch_from in follows:
+        threading.Thread(target=follow, args=(list_pages, watch_from), daemon=True).start()
+    draw()
+    while not stop.is_set():
+        if changed.wait(1.0):
+            stop.wait(WATCH_SETTLE)
+            changed.clear()
+            draw()
