@@ -83,6 +83,13 @@ PLUGIN = frozenset({
     ("resource.k8s.io", "resourceclaims", "list"),
     ("resource.k8s.io", "resourceslices", "list"),
 })
+# `kubectl gpu-scheduler gpus --watch` only, besides PLUGIN: it draws again whenever a watch of
+# these reports a change, rather than polling (the README names them, with that reason).
+PLUGIN_WATCH = frozenset({
+    ("", "pods", "watch"),
+    ("", "nodes", "watch"),
+    ("coordination.k8s.io", "leases", "watch"),  # bind's records, in its namespace
+})
 # The chart's pre-delete hook (functions/bind/uninstall.py): bind's two bindings revoked first (only
 # those, by name: the chart's rules carry resourceNames), so that a bind still running cannot put
 # back what follows; then every node's advertised quota resources removed.

@@ -224,7 +224,8 @@ def grid(view: GpuView, colour: bool = False) -> str:
                 cell = f"\x1b[{colours[g.workloads[0]]}m{cell}\x1b[0m"
             cells.append(cell)
         free = sum(g.state == FREE for g in gpus)
-        lines.append(f"{node.ljust(width)}  {' '.join(cells)}   {free}/{len(gpus)} free")
+        several = ", ".join(f"GPU {g.device}: {len(g.holders)} pods" for g in gpus if len(g.holders) > 1)
+        lines.append(f"{node.ljust(width)}  {' '.join(cells)}   {free}/{len(gpus)} free" + (f"   ({several})" if several else ""))
     legend = [f"  {letter}  {workload}" for workload, letter in view.legend.items()]
     keys = f"  {GRID_FREE} free   {GRID_SHARED} shared by several workloads   {GRID_IN_FLIGHT} in flight (recorded, not yet bound)   {GRID_BEING_FREED} being freed for a preemptor"
     return "\n".join([*lines, "", *legend, keys, ""]) if lines else "no GPUs: no node advertises nvidia.com/gpu\n"

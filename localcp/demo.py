@@ -272,6 +272,19 @@ def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str
     step(f"kubectl describe pod {described}   (its Events: gpu-scheduler's and the kubelet's)")
     text = stack.cp.kubectl("describe", "pod", described).stdout
     print(text[text.index("Events:"):], end="")
+    shown_gpus(stack)
+
+
+def shown_gpus(stack: LocalStack) -> None:
+    """Every GPU of the four nodes as the kubectl plugin's `gpus -o grid` draws it: who holds which."""
+    import io
+
+    from kubectl_gpu_scheduler.cli import main as plugin
+
+    step("kubectl gpu-scheduler gpus -o grid   (every GPU of the cluster: a letter per workload holding it, . free)")
+    drawn = io.StringIO()
+    plugin(["gpus", "-o", "grid", "--kubeconfig", str(stack.cp.kubeconfig)], stdout=drawn, stderr=drawn)
+    print(drawn.getvalue(), end="")
 
 
 # --workload: the examples users copy, run with the seed's check container.

@@ -61,7 +61,7 @@ def test_every_state_by_binds_rules_with_holders_counts_and_the_legend():
     assert [(c.name, c.free, c.total) for c in view.types] == [("NVIDIA-A100", 0, 4), ("NVIDIA-H100", 1, 2)]
     assert view.legend["StatefulSet ns/train"] == "A"
     grid = shell.grid(view)
-    assert grid.splitlines()[0] == "n1  A A * +   0/4 free" and grid.splitlines()[1] == "n2  ~ .   1/2 free"
+    assert grid.splitlines()[0] == "n1  A A * +   0/4 free   (GPU 2: 2 pods)" and grid.splitlines()[1] == "n2  ~ .   1/2 free"
     data = json.loads(shell.render(view, "json"))
     assert data["gpus"][4]["state"] == "being-freed" and data["gpus"][4]["nominee"] == "ns/urgent-0"
     assert only(view, node="n2").nodes[0].name == "n2" and len(only(view, namespace="other").gpus) == 0

@@ -103,7 +103,7 @@ def test_the_manifest_names_every_command_and_what_the_plugin_reads():
     from gpu_scheduler.permissions import PLUGIN
 
     spec = yaml.safe_load(MANIFEST.read_text())["spec"]
-    for command in ("plan", "explain", "suggest"):
+    for command in ("plan", "explain", "suggest", "gpus"):
         assert f"kubectl gpu-scheduler {command} " in spec["description"], command
     caveats = " ".join(spec["caveats"].split()).lower()
     for _group, resource, _verb in PLUGIN:
