@@ -688,6 +688,8 @@ def run_gpus(args, stdout) -> int:
         _say(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"), stdout)
     try:
         gpus.watch(cluster.api, args.scheduler_namespace, draw, stop)
+    except gpus.WatchRefused as refused:
+        raise UsageError(f"gpus --watch: {refused}") from None
     except KeyboardInterrupt:
         stop.set()
     return OK

@@ -6,20 +6,29 @@ snapshots bind decides on (gpu_scheduler.framework.snapshot.NodeSnapshot), and a
 shown on the GPUs its entry names (a pool pod: every entry's) with explain's verdict
 (gpu_scheduler.plan.answer on the same framework and reads as `explain`), so `gpus`, `explain`
 and bind never disagree. `--watch` redraws when a watch of pods, nodes or bind's records reports
-a change (at most every WATCH_SETTLE seconds): no polling."""
+a change (at most every WATCH_SETTLE seconds): no polling.
+
+At 1000 nodes and 20000 pods (bench/gpus.py, docs/performance.md) the cost is in reading and
+decoding the pods and in the pending pods' verdicts; the rest is kept small: the cyclic garbage
+collector is paused while a view is read, worked out and rendered (decoding 20000 pods otherwise
+sets it off hundreds of times, over a heap that only grows: 3 to 5 times the decoding itself),
+only the pods that hold a GPU are worked out (the view shows holders, not requests), and the JSON
+is written by msgspec where it is installed (json.dumps with indent is the pure-Python encoder)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler import plan as core
-from gpu_scheduler.fit import NodeInfo, PodInfo, is_terminal
+from gpu_scheduler.fit import NodeInfo, PodInfo, held_devices, is_terminal, shares_gpus, workload
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.gpus import (
     BEING_FREED, FREE, HELD, IN_FLIGHT, SHARED, GpuView, Waiter, gpu_view, only,
@@ -27,7 +36,12 @@ from gpu_scheduler.gpus import (
 from gpu_scheduler.podinputs import PodInputs
 from gpu_scheduler.records import RECORD_SELECTOR, EntryRecord, Record
 from kubeapi.errors import APIError
-from kubeapi.projection import PODS
+
+try:  # msgspec is bind's (functions/bind/requirements.txt), not the plugin's: without it, pods are decoded in full
+    import msgspec
+    from kubeapi.projection import PODS
+except ImportError:  # pragma: no cover - the plugin installed by pip (pyproject's dependencies)
+    msgspec, PODS = None, None
 
 from .output import columns
 
@@ -50,7 +64,9 @@ class Reads:
         # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
         leases = [lease for page, _ in self.api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
         nodes = [node for page, _ in self.api.list_nodes() for node in page]
-        pods = [pod for page, _ in self.api.list_all_pods(projection=PODS) for pod in page]
+        # Whole, not through bind's projection (kubeapi.projection.PODS), which keeps no condition's
+        # times: a holder's "since" is its PodScheduled condition's lastTransitionTime.
+        pods = [pod for page, _ in self.api.list_all_pods() for pod in page]
         try:
             slices = [s for page, _ in self.api.list_resource_slices() for s in page]
         except APIError as error:
@@ -60,6 +76,19 @@ class Reads:
         records = [r for r in map(Record.of, leases) if r is not None]
         entries = [r for r in map(EntryRecord.of, leases) if r is not None]
         return nodes, pods, records, entries, slices
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused (what is read here holds no cycles: reference counting
+    frees it), and restored as it was."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -74,10 +103,23 @@ def scheduled_since(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+def holder(pod: Mapping[str, Any]) -> PodInfo | None:
+    """What the view reads of a pod on a node: the GPUs it holds (fit.held_devices, as bind counts
+    them) and whose they are; None when it holds none. Its requests, ports, priority and the rest
+    are bind's to weigh, not the view's, and are not worked out (PodInfo.of's cost, 20000 times)."""
+    devices = held_devices(pod)
+    if not devices:
+        return None
+    meta = pod.get("metadata") or {}
+    return PodInfo(str(meta.get("uid") or ""), f"{meta.get('namespace')}/{meta.get('name')}", {}, (), devices,
+                   workload(pod), shares_gpus(pod))
+
+
 def snapshots(nodes: list[dict], pods: list[dict], records: list[Record], entries: list[EntryRecord],
               slices: list[dict], now: float) -> list[NodeSnapshot]:
-    """Each node as bind's framework sees it: its non-terminal pods, bind's records of its devices
-    (a record whose pod is not among `pods` names a pod gone), its slices."""
+    """Each node as the view reads it: the NodeSnapshot bind's framework decides on, whose pods are
+    its non-terminal pods that hold GPUs (holder()), with bind's records of its devices (a record
+    whose pod is not among `pods` names a pod gone) and its slices."""
     on: dict[str, list[PodInfo]] = {}
     uids = set()
     for pod in pods:
@@ -85,7 +127,9 @@ def snapshots(nodes: list[dict], pods: list[dict], records: list[Record], entrie
         uids.add(str(meta.get("uid") or ""))
         node = (pod.get("spec") or {}).get("nodeName")
         if node and not is_terminal(pod):
-            on.setdefault(node, []).append(PodInfo.of(pod))
+            info = holder(pod)
+            if info is not None:
+                on.setdefault(node, []).append(info)
     records_on: dict[str, dict[str, Record]] = {}
     for record in records:
         records_on.setdefault(record.node, {})[record.device] = record
@@ -129,6 +173,12 @@ def waiters(pending: list[dict], answer: Callable[[dict], core.Answer]) -> list[
 
 def view_now(reads: Reads, answer_for: Callable[[list[dict]], Callable[[dict], core.Answer]],
              node: str | None = None, namespace: str | None = None) -> GpuView:
+    with _collector_paused():
+        return _view_now(reads, answer_for, node, namespace)
+
+
+def _view_now(reads: Reads, answer_for: Callable[[list[dict]], Callable[[dict], core.Answer]],
+              node: str | None = None, namespace: str | None = None) -> GpuView:
     nodes, pods, records, entries, slices = reads.read()
     since = {str((p.get("metadata") or {}).get("uid") or ""): scheduled_since(p) for p in pods
              if (p.get("spec") or {}).get("nodeName")}
@@ -232,7 +282,14 @@ def grid(view: GpuView, colour: bool = False) -> str:
 
 
 def render(view: GpuView, form: str, tty: bool = False) -> str:
+    with _collector_paused():
+        return _render(view, form, tty)
+
+
+def _render(view: GpuView, form: str, tty: bool) -> str:
     if form == "json":
+        if msgspec is not None:  # the same text as json.dumps(indent=2), but for non-ASCII (UTF-8, not \\u escapes)
+            return msgspec.json.format(msgspec.json.encode(as_data(view)), indent=2).decode() + "\n"
         return json.dumps(as_data(view), indent=2) + "\n"
     if form == "yaml":
         return yaml.safe_dump(as_data(view), sort_keys=False, width=1000)
@@ -242,12 +299,18 @@ def render(view: GpuView, form: str, tty: bool = False) -> str:
 
 
 # -- --watch -------------------------------------------------------------------------------------
+class WatchRefused(Exception):
+    """The API server refused a watch for good (403: no `watch` grant): the message names the fix."""
+
+
 def watch(api, records_namespace: str, draw: Callable[[], None], stop: threading.Event) -> None:
     """Draw, then draw again each time a watch of pods, nodes or bind's records reports a change
-    (changes that keep coming are drawn at most every WATCH_SETTLE seconds), until `stop`."""
+    (changes that keep coming are drawn at most every WATCH_SETTLE seconds), until `stop`. A watch
+    the API server refuses for good ends it with WatchRefused; one it drops is made again."""
     changed = threading.Event()
+    refused: list[str] = []
 
-    def follow(list_pages, watch_from):
+    def follow(what: str, list_pages, watch_from):
         version = ""
         while not stop.is_set():
             try:
@@ -260,20 +323,30 @@ def watch(api, records_namespace: str, draw: Callable[[], None], stop: threading
                         break
                     if kind != "BOOKMARK":
                         changed.set()
-            except APIError:
+            except APIError as error:
+                if error.status in (401, 403) and not error.transient:
+                    refused.append(f"the API server refused to watch {what} ({error.message}): grant `watch` on"
+                                   f" pods, nodes and Leases in {records_namespace} (permissions.PLUGIN_WATCH), or"
+                                   " run gpus without --watch")
+                    changed.set()
+                    return
                 version = ""
                 stop.wait(1.0)
     follows = [
-        (lambda: api.list_all_pods(projection=PODS), lambda v: api.watch_all_pods(v, WATCH_SECONDS, projection=PODS)),
-        (api.list_nodes, lambda v: api.watch_nodes(v, WATCH_SECONDS)),
-        (lambda: api.list_leases(records_namespace, RECORD_SELECTOR),
+        ("pods", lambda: api.list_all_pods(projection=PODS),
+         lambda v: api.watch_all_pods(v, WATCH_SECONDS, projection=PODS)),
+        ("nodes", api.list_nodes, lambda v: api.watch_nodes(v, WATCH_SECONDS)),
+        (f"Leases in {records_namespace}", lambda: api.list_leases(records_namespace, RECORD_SELECTOR),
          lambda v: api.watch_leases(records_namespace, RECORD_SELECTOR, v, WATCH_SECONDS)),
     ]
-    for list_pages, watch_from in follows:
-        threading.Thread(target=follow, args=(list_pages, watch_from), daemon=True).start()
+    for what, list_pages, watch_from in follows:
+        threading.Thread(target=follow, args=(what, list_pages, watch_from), daemon=True).start()
     draw()
     while not stop.is_set():
         if changed.wait(1.0):
+            if refused:
+                stop.set()
+                raise WatchRefused(refused[0])
             stop.wait(WATCH_SETTLE)
             changed.clear()
             draw()
