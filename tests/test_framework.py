@@ -124,7 +124,8 @@ def test_one_profile_names_every_plugin_once():
     assert set(EVENTS_TO_REGISTER) == set(REGISTRY)
     profile_ = new_framework().profile
     assert len({id(p) for p in profile_.plugins()}) == len({p.name for p in profile_.plugins()})
-    assert [p.name for p in profile_.filter][:3] == ["NodeExists", "NodeUnschedulable", "NodeReady"]
+    # PoolEntry (a no-op for a pod with an index) first, then the node checks the others rely on
+    assert [p.name for p in profile_.filter][:4] == ["PoolEntry", "NodeExists", "NodeUnschedulable", "NodeReady"]
     assert [p.name for p in profile_.reserve] == ["PoolEntry", "GPUsHeld", "DynamicResources"] and {p.name for p in profile_.bind} == {"DefaultBinder"}
 
 

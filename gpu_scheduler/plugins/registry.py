@@ -72,9 +72,10 @@ DEFAULT_PROFILE: Mapping[str, Any] = {
         "preEnqueue": ["SchedulingGates"],
         "podGroup": ["Gang"],
         "preFilter": ["MapEntry", "Gang", "DynamicResources"],
-        "filter": ["NodeExists", "NodeUnschedulable", "NodeReady", "TaintToleration", "NodeGPUCapacity",
-                   "NodeAffinity", "NodePorts", "NodeResourcesFit", "GPUQuota", "PoolEntry", "GPUsHeld",
-                   "DynamicResources"],
+        # PoolEntry first: a pool pod's candidates are mostly entries its workload's pods hold, which it
+        # refuses at once, without the node checks (a no-op for a pod with an index).
+        "filter": ["PoolEntry", "NodeExists", "NodeUnschedulable", "NodeReady", "TaintToleration", "NodeGPUCapacity",
+                   "NodeAffinity", "NodePorts", "NodeResourcesFit", "GPUQuota", "GPUsHeld", "DynamicResources"],
         "postFilter": ["DefaultPreemption"],
         "reserve": ["PoolEntry", "GPUsHeld", "DynamicResources"],
         "permit": ["Gang"],
