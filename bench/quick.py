@@ -1,12 +1,14 @@
 """The figures of issue 11 only, smaller than `make bench`, for measuring one step against the
-last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36,issue39,workloads,kueue]
+last: python -m bench.quick [--pods 300] [--reps 2] [--only peers,throughput,admission,cold,fit,dra,framework,gang,preemption,quota,framework36,issue39,workloads,kueue,pool]
 [--before REV] (framework: bind now / before the framework, against REV, default bench.framework.BEFORE;
 preemption: bind now / before preemption, bench.framework.BEFORE_PREEMPTION)
 [--replicas 100] (gang: a gang of that many against the same StatefulSet without the annotation;
 workloads: a JobSet of that many pods, 4 child Jobs, against a StatefulSet of as many, gang and not;
 framework36: bind now / before issue 36, bench.framework.BEFORE_ISSUE_36, for --pods pods created one
 by one and for a gang of --replicas; kueue: admission of --pods pods and Jobs, and create-to-bound of an
-Indexed Job of --replicas pods, in a namespace the real Kueue manages against a plain one)
+Indexed Job of --replicas pods, in a namespace the real Kueue manages against a plain one;
+pool: a pinned Deployment of --replicas replicas against a pinned StatefulSet of as many,
+create-to-bound and bind's API writes per placement, issue 44)
 Each figure is a ratio measured side by side in this one run (see bench/run.py)."""
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 
 from localcp.stack import LocalStack
 
-from . import framework, gang, kueue, quota, run, scale, workloads
+from . import framework, gang, kueue, pool, quota, run, scale, workloads
 
 
 def main() -> int:
@@ -45,7 +47,7 @@ def main() -> int:
             if "cold" in only:
                 results["cold_start_s"] = {t: run.cold_start(t, str(stack.bind_kubeconfig), 3) for t in ("mutate", "bind")}
     if only & {"peers", "dra", "framework", "gang", "preemption", "quota", "framework36", "issue39", "workloads",
-                "kueue"}:
+                "kueue", "pool"}:
         with LocalStack(workloads=(("jobset",) if "workloads" in only else ()) + (("kueue",) if "kueue" in only else ())
                         ) as stack:
             if "peers" in only:
@@ -70,6 +72,8 @@ def main() -> int:
                 results["workloads"] = workloads.workload_speed(stack, args.replicas, args.reps)
             if "kueue" in only:  # not in the default: bench.run has it
                 results["kueue"] = kueue.kueue_cost(stack, args.replicas, args.reps, n=args.pods)
+            if "pool" in only:  # not in the default: bench.run has it
+                results["pool"] = pool.pool_speed(stack, args.replicas, args.reps)
             if "issue39" in only:  # not in the default: bench.run has it
                 results["issue39_pods"] = framework.framework_cost(stack, args.pods, args.reps, scale.BEFORE_ISSUE_39)
     for key, value in results.items():
@@ -112,6 +116,8 @@ def main() -> int:
             print("\n".join(workloads.rows(value)))
         elif key == "gang":
             print("\n".join(gang.rows(value)))
+        elif key == "pool":
+            print("\n".join(pool.rows(value)))
         elif key == "kueue":
             print("\n".join(kueue.rows(value)))
         elif key == "quota":

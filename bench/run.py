@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import decode, framework, gang, hostile, kueue, namespace_name, quota, scale, soak, workloads
+from bench import decode, framework, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
@@ -658,6 +658,8 @@ def table(results: dict) -> str:
         rows += gang.rows(results["gang"])
     if results.get("workloads"):
         rows += workloads.rows(results["workloads"])
+    if results.get("pool"):
+        rows += pool.rows(results["pool"])
     if results.get("quota"):
         rows += quota.rows(results["quota"])
     if results.get("kueue"):
@@ -734,6 +736,9 @@ def main() -> int:
         print("bench: a JobSet of 4 child Jobs against a StatefulSet of as many pods, gang and not, create to bound",
               flush=True)
         results["workloads"] = workloads.workload_speed(stack, 20 if args.smoke else workloads.PODS, 1 if args.smoke else 3)
+        print("bench: a pinned Deployment (a pool) against a pinned StatefulSet, create to bound and API writes",
+              flush=True)
+        results["pool"] = pool.pool_speed(stack, 8 if args.smoke else pool.PODS, 1 if args.smoke else 4)
         print("bench: admission and create to bound with a ResourceQuota on pinned GPUs, and without", flush=True)
         results["quota"] = quota.quota_cost(stack, n if args.smoke else 300, reps)
         print("bench: admission and create to bound of a pinned Indexed Job queued by Kueue, and without", flush=True)
