@@ -5,7 +5,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from gpu_scheduler.plugins.dynamicresources import allocator as dra
-from gpu_scheduler.fit import NodeInfo
+from gpu_scheduler.fit import NodeInfo, is_terminal
 from gpu_scheduler.framework.snapshot import DraSupport, NodeSnapshot
 from gpu_scheduler.plugins.dynamicresources.plugin import claim_key
 from gpu_scheduler.quota import gpu_quotas, quota_view
@@ -163,7 +163,10 @@ class Cluster:
         key = (namespace, name, record.last_uid)
         if key not in self._gone_pods:
             pod = self.pod(namespace, name)
-            self._gone_pods[key] = pod is None or (pod.get("metadata") or {}).get("uid") != record.last_uid
+            meta = (pod or {}).get("metadata") or {}
+            # bind's rule (its cache's gone_of): a pod that finished holds nothing, nor one deleted before it was bound
+            self._gone_pods[key] = (pod is None or meta.get("uid") != record.last_uid or is_terminal(pod)
+                                    or (bool(meta.get("deletionTimestamp")) and not (pod.get("spec") or {}).get("nodeName")))
         return self._gone_pods[key]
 
     def dra_support(self) -> DraSupport:
