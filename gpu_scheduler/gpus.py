@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .fit import PodInfo, parse_quantity
 from .framework.snapshot import NodeSnapshot
 from .quota import PRODUCT_LABEL
-from .records import in_grace, nomination, workload_key
+from .records import GRACE_SECONDS, in_grace, live_holder, nomination, workload_key
 from .shapes import as_map, as_maps
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -137,8 +137,14 @@ def node_gpus(snapshot: NodeSnapshot, since_of: Mapping[str, str] | None = None)
             if nominated:
                 state, nominee, until = BEING_FREED, record.nominee, _time(record.nominated_until)
             elif not pods and in_grace(record, snapshot.now, snapshot.gone):
-                state, in_flight_for, until = IN_FLIGHT, record.last_pod, _time(record.written + 30)
+                state, in_flight_for, until = IN_FLIGHT, record.last_pod, _time(record.written + GRACE_SECONDS)
                 workloads = list(record.holders)
+            elif pods and record.shares and (live_holder(record, pods) is not None
+                                             or in_grace(record, snapshot.now, snapshot.gone)):
+                # a shared record's workloads, as bind counts them against MAX_HOLDERS (a workload's line
+                # stays while the record lives, its pods gone or not yet bound), with the pods' own
+                workloads = list(dict.fromkeys([*workloads, *record.holders]))
+                state = SHARED if len(workloads) > 1 else HELD
             since = _time(record.written) if (pods or state == IN_FLIGHT) else ""
         since = min((h.since for h in holders if h.since), default=since)
         uuid = uuids.get(device, "") or (device if not device.isdigit() else "")

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypedDict
 
 import yaml
 
@@ -42,6 +42,27 @@ try:  # msgspec is bind's (functions/bind/requirements.txt), not the plugin's: w
     from kubeapi.projection import PODS
 except ImportError:  # pragma: no cover - the plugin installed by pip (pyproject's dependencies)
     msgspec, PODS = None, None
+
+try:  # bind's projection keeps no condition's time ("a pod's times are read by nobody"); a holder's
+    # "since" is its PodScheduled condition's lastTransitionTime: PODS with that time kept
+    from kubeapi import projection as _projection
+
+    class _TimedCondition(_projection.Condition, total=False):
+        lastTransitionTime: Any
+
+    class _TimedPodStatus(_projection.PodStatus, total=False):
+        conditions: list[_TimedCondition]
+
+    class _TimedPod(_projection.Pod, total=False):
+        status: _TimedPodStatus
+
+    class _TimedPodEvent(_projection.PodEvent, total=False):
+        object: _TimedPod
+
+    _TimedPodList = TypedDict("_TimedPodList", {"metadata": Any, "items": list[_TimedPod]}, total=False)
+    POD_TIMES = _projection.Decoder(_TimedPod, _TimedPodEvent, _TimedPodList)
+except ImportError:  # pragma: no cover - without msgspec: pods decoded in full, times and all
+    POD_TIMES = None
 
 from .output import columns
 
@@ -64,9 +85,7 @@ class Reads:
         # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
         leases = [lease for page, _ in self.api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
         nodes = [node for page, _ in self.api.list_nodes() for node in page]
-        # Whole, not through bind's projection (kubeapi.projection.PODS), which keeps no condition's
-        # times: a holder's "since" is its PodScheduled condition's lastTransitionTime.
-        pods = [pod for page, _ in self.api.list_all_pods() for pod in page]
+        pods = [pod for page, _ in self.api.list_all_pods(projection=POD_TIMES) for pod in page]
         try:
             slices = [s for page, _ in self.api.list_resource_slices() for s in page]
         except APIError as error:
@@ -118,15 +137,19 @@ def holder(pod: Mapping[str, Any]) -> PodInfo | None:
 def snapshots(nodes: list[dict], pods: list[dict], records: list[Record], entries: list[EntryRecord],
               slices: list[dict], now: float) -> list[NodeSnapshot]:
     """Each node as the view reads it: the NodeSnapshot bind's framework decides on, whose pods are
-    its non-terminal pods that hold GPUs (holder()), with bind's records of its devices (a record
-    whose pod is not among `pods` names a pod gone) and its slices."""
+    its non-terminal pods that hold GPUs (holder()), with bind's records of its devices and its
+    slices. As for bind (functions/bind/cache.py, gone_of), a record's pod is gone unless it is on a
+    node and not finished, or one of our pending pods (waiting_pods): a pod that finished within its
+    record's grace frees the GPU at once; a preemptor is gone once it is not among `pods`."""
     on: dict[str, list[PodInfo]] = {}
     uids = set()
+    alive = {str((p.get("metadata") or {}).get("uid") or "") for p in waiting_pods(pods)}
     for pod in pods:
         meta = pod.get("metadata") or {}
         uids.add(str(meta.get("uid") or ""))
         node = (pod.get("spec") or {}).get("nodeName")
         if node and not is_terminal(pod):
+            alive.add(str(meta.get("uid") or ""))
             info = holder(pod)
             if info is not None:
                 on.setdefault(node, []).append(info)
@@ -141,7 +164,7 @@ def snapshots(nodes: list[dict], pods: list[dict], records: list[Record], entrie
         node = (piece.get("spec") or {}).get("nodeName")
         if node:
             slices_on.setdefault(node, []).append({"spec": piece.get("spec")})
-    gone = frozenset(r.last_uid for r in (*records, *entries) if r.last_uid and r.last_uid not in uids)
+    gone = frozenset(r.last_uid for r in (*records, *entries) if r.last_uid and r.last_uid not in alive)
     gone |= frozenset(r.nominee_uid for r in records if r.nominee_uid and r.nominee_uid not in uids)
     return [NodeSnapshot(name=_name(node), node=node, info=NodeInfo.of(on.get(_name(node), ())),
                          records=records_on.get(_name(node), {}), gone=gone, now=now,
