@@ -173,8 +173,11 @@ def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:
     if metadata(current).get("uid") != bind.uid:
         return REPLACED
     node = spec(current).get("nodeName")
-    if node == bind.node:
+    given = (metadata(current).get("annotations") or {}).get(ENTRY_ANNOTATION)
+    if node == bind.node and (bind.entry is None or given == str(bind.entry)):
         return ALREADY_BOUND
+    if node == bind.node:  # a pool pod another instance bound to another entry of the node: what this attempt holds is not its
+        return BOUND_ELSEWHERE
     if node:
         return BOUND_ELSEWHERE
     if metadata(current).get("deletionTimestamp"):

@@ -269,3 +269,12 @@ def test_a_high_priority_pool_pod_preempts_for_one_entry_held_by_another_workloa
     assert "entry 0 (node1:0,1): GPU 0 on node1 is held by ns/low-1" in verdict.status.message
     assert verdict.post_filter.outcome == "Preempted"
     assert verdict.post_filter.explained == "would preempt ns/low-1 (priority 0) on node1"  # the first entry's holder only
+
+
+def test_a_pool_pod_another_instance_bound_to_another_entry_of_the_node_is_bound_elsewhere():
+    from gpu_scheduler.binding import ALREADY_BOUND, BOUND_ELSEWHERE, conflict_outcome
+    mine = Bind("ns", "p", "uid-p", "node1", ("0",), entry=0)
+    bound_to = lambda entry: {"metadata": {"uid": "uid-p", "annotations": {ENTRY_ANNOTATION: str(entry)}},  # noqa: E731
+                              "spec": {"nodeName": "node1"}}
+    assert conflict_outcome(mine, bound_to(0)) == ALREADY_BOUND
+    assert conflict_outcome(mine, bound_to(2)) == BOUND_ELSEWHERE  # its records go: the entry is free at once

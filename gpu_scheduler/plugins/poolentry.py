@@ -33,7 +33,7 @@ from ..records import EntryRecord, entry_in_grace, entry_lease_for
 from .mapentry import resolved
 
 NAME = "PoolEntry"
-CREATED = "PoolEntry/created"  # CycleState: (record name, version) this attempt created
+WRITTEN = "PoolEntry/written"  # CycleState: (record name, version) this attempt wrote
 PREVIOUS = "PoolEntry/previous"  # CycleState: the record to take over (its version), or None: create
 
 
@@ -91,12 +91,9 @@ class PoolEntry(FilterPlugin, ReservePlugin):
         previous: EntryRecord | None = state.read(PREVIOUS)
         body = entry_lease_for(node.name, me.holder, entry.index, me.name, me.uid, time.time(), previous)
         try:
-            if previous is None:
-                written = cluster.create_record(body)
-                written_meta = written.get("metadata") or {}
-                state.write(CREATED, (str(written_meta.get("name") or ""), str(written_meta.get("resourceVersion") or "")))
-            else:
-                cluster.update_record(previous.name, body)
+            written = cluster.create_record(body) if previous is None else cluster.update_record(previous.name, body)
+            written_meta = written.get("metadata") or {}
+            state.write(WRITTEN, (str(written_meta.get("name") or ""), str(written_meta.get("resourceVersion") or "")))
         except APIError as failure:
             if failure.conflict:
                 return error(NAME, f"entry {entry.index} of the pool was given to another pod meanwhile (another bind"
@@ -105,12 +102,14 @@ class PoolEntry(FilterPlugin, ReservePlugin):
         return SUCCESS
 
     def unreserve(self, state: CycleState, pod, node, cluster: EntryStore) -> None:
-        """The record this attempt created, deleted as written; one taken over frees itself after
-        its grace (or at once once its pod is seen deleted)."""
-        created = state.read(CREATED)
-        if not created or not created[0]:
+        """The record this attempt wrote (created, or taken over: it was free), deleted at the
+        version written, so that the entry is free at once (a record written since by anyone is
+        left alone). Also when another instance bound the pod meanwhile, to another entry: the
+        record would otherwise hold this one for the pod, for nothing, through its grace."""
+        written = state.read(WRITTEN)
+        if not written or not written[0]:
             return
         try:
-            cluster.delete_record(*created)
+            cluster.delete_record(*written)
         except APIError:  # written since, gone already, or the API is down: it frees itself after its grace
             pass
