@@ -21,10 +21,9 @@ from typing import Any, Callable, Mapping
 from . import ANNOTATION, MANAGED_LABEL, MANAGED_VALUE, SCHEDULER_NAME
 from .plugins.nodeaffinity import node_affinity
 from .devices import (
-    CUDA, DRA, MODE_ANNOTATION, ModeError, device_env, device_mode, device_warnings, pool_device_env,
+    CUDA, DRA, ModeError, device_env, device_mode, device_warnings, pool_device_env,
 )
-from .podindex import POOL_ANNOTATION
-from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name
+from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name, claim_refs, pool_claim_name
 from .fit import GANG_ANNOTATION
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, Pool, map_text, metadata, pool_of, resolve, spec
@@ -156,16 +155,18 @@ class ClaimError(ValueError):
     """A pod in DRA mode that cannot be given its claim; the message says why."""
 
 
-def pod_claim_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The operations adding the pod-level claim entry `gpu-scheduler` -> `<pod name>-gpus`, or
-    ClaimError: the pod has no name yet (generateName: the claim's name must be known now), or
-    already has an entry of that name for another claim."""
-    name = metadata(pod).get("name")
-    if not isinstance(name, str) or not name:
-        raise ClaimError("device env mode dra needs the pod's name at admission (the ResourceClaim is named after"
-                         " it): set metadata.name, not only generateName (StatefulSet pods have one; Indexed Job pods do not:"
-                         " use an env mode for them)")
-    claim = claim_name(name)
+def pod_claim_patch(pod: Mapping[str, Any], claim: str | None = None) -> list[dict[str, Any]]:
+    """The operations adding the pod-level claim entry `gpu-scheduler` -> `<pod name>-gpus` (or
+    `claim`: a pool pod's, which has no name yet), or ClaimError: the pod has no name yet
+    (generateName: the claim's name must be known now), or already has an entry of that name for
+    another claim."""
+    if claim is None:
+        name = metadata(pod).get("name")
+        if not isinstance(name, str) or not name:
+            raise ClaimError("device env mode dra needs the pod's name at admission (the ResourceClaim is named after"
+                             " it): set metadata.name, not only generateName (StatefulSet pods have one; Indexed Job pods"
+                             " do not: use an env mode for them)")
+        claim = claim_name(name)
     if len(claim) > 253:
         raise ClaimError(f"device env mode dra: the claim name {claim[:40]}... would be longer than 253 characters")
     wanted = {"name": POD_CLAIM, "resourceClaimName": claim}
@@ -182,12 +183,12 @@ def pod_claim_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def patch_for(pod: Mapping[str, Any], values: Mapping[str, str], claims: bool = False,
-              requests: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+              requests: Mapping[str, str] | None = None, claim: str | None = None) -> list[dict[str, Any]]:
     """JSONPatch operations that set `values` in every container's env and add the managed
     label; with `claims` (DRA mode), also the pod's claim and each container's use of it (may
     raise ClaimError); with `requests`, those requests and limits in the first container (the
     GPUs a ResourceQuota counts, quota.py); empty when the pod already has all of them."""
-    ops: list[dict[str, Any]] = pod_claim_patch(pod) if claims else []
+    ops: list[dict[str, Any]] = pod_claim_patch(pod, claim) if claims else []
     for field in CONTAINER_FIELDS:
         containers = spec(pod).get(field)
         if not isinstance(containers, list):
@@ -340,11 +341,6 @@ def _decide_pool(review: Review, pod: Mapping[str, Any], pool: Pool, mode: str, 
     """A pool pod (a Deployment's): bind chooses its entry when it binds it, so its containers read
     their devices from the annotations the Binding writes; a quota counts it for its map's largest
     entry, as a template is counted (templatecount.py)."""
-    if mode == DRA:
-        return Decision(False, message=(
-            f"a pool pod (a ReplicaSet's, or {POOL_ANNOTATION}: \"true\") cannot use device mode dra yet: its claim"
-            " would be named after the pod, whose name is not known at admission. Set the pod's"
-            f" {MODE_ANNOTATION} annotation to cuda or nvidia, or run it as a StatefulSet"), reason="PoolInDRAMode")
     gang = _invalid_gang(pod)
     if gang is not None:
         return gang
@@ -358,7 +354,15 @@ def _decide_pool(review: Review, pod: Mapping[str, Any], pool: Pool, mode: str, 
             check_not_written(pod, wanted, declared(pod))
         except QuotaDodge as error:
             return Decision(False, message=str(error), reason="QuotaDodge")
-    patch = patch_for(pod, pool_device_env(mode), requests=wanted)
+    claim = None
+    if mode == DRA:  # its claim, which bind creates for the entry it gives it: the pod has no name yet
+        meta = metadata(pod)
+        claim = (claim_refs(pod) or [pool_claim_name(str(meta.get("generateName") or meta.get("name") or "pod-"),
+                                                     review.uid)])[0]
+    try:
+        patch = patch_for(pod, pool_device_env(mode), claims=mode == DRA, requests=wanted, claim=claim)
+    except ClaimError as error:
+        return Decision(False, message=str(error), reason="InvalidDRAClaim")
     return Decision(True, (*annotation_patch(review.pod, written), *patch), tuple(warnings), reason="Pooled")
 
 

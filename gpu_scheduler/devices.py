@@ -65,6 +65,8 @@ def pool_device_env(mode: str = CUDA) -> dict[str, Any]:
     if mode == NVIDIA:
         return {"NVIDIA_VISIBLE_DEVICES": _annotation_ref(DEVICES_ANNOTATION),
                 "CUDA_VISIBLE_DEVICES": _annotation_ref(ORDINALS_ANNOTATION), **ORDER}
+    if mode == DRA:  # the driver exposes the claim's devices only, from 0
+        return {"CUDA_VISIBLE_DEVICES": _annotation_ref(ORDINALS_ANNOTATION), **ORDER}
     return {"CUDA_VISIBLE_DEVICES": _annotation_ref(DEVICES_ANNOTATION), **ORDER}
 
 

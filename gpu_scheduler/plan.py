@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 from . import ANNOTATION, SCHEDULER_NAME
 from .binding import Bind, Ignore, Unplaceable, bind_decision
 from .devices import (
-    CUDA, DRA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings, pool_device_env,
+    CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings, pool_device_env,
     shared_devices,
 )
 from .fit import DEVICES_ANNOTATION, gang_key, is_terminal, pool_entry, workload as workload_of
@@ -948,9 +948,6 @@ def _gang_warnings(work: Workload, size: int | None, gangs_of: tuple[Gang, ...] 
 
 
 # -- pools: a Deployment's pods share the map's entries ------------------------------------------
-POOL_IN_DRA = (f"a pool pod cannot use device mode dra yet: its claim would be named after the pod, whose name is"
-               f" not known at admission, so mutate refuses it; set {MODE_ANNOTATION} to cuda or nvidia, or run the"
-               " pods as a StatefulSet")
 ROLLOUT_WAITS = ("the rollout would wait: a new pod gets an entry only when an old one leaves; add entries or set"
                  " maxSurge: 0")
 # An entry as bind sees it now (pool_answers): given to a replica of the plan, free beyond them,
@@ -1039,8 +1036,6 @@ def plan_pool(work: Workload) -> WorkloadPlan:
     shared: list[Note] = []
     if not_ours(sample):
         shared.append(Note(NOT_OUR_SCHEDULER, str(not_ours(sample))))
-    if isinstance(annotations, Mapping) and annotations.get(MODE_ANNOTATION) == DRA:
-        shared.append(Note("PoolInDRAMode", POOL_IN_DRA))
     rows = []
     for replica in (work.indexes if work.replicas is not None else (None,)):
         pod = pod_for(work, replica or 0)

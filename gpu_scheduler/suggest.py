@@ -194,9 +194,9 @@ def _check_pool(work: Workload) -> None:
         raise SuggestError(f"{what}: a {work.kind} runs as many pods as its controller decides, so suggest cannot"
                            f" size its pool; suggest places the replicas of {PLACED}")
     if dra_mode(work):
-        raise SuggestError(f"{what}: a pool pod cannot use device mode dra yet (mutate refuses it: its claim would be"
-                           " named after the pod, whose name is not known at admission); set the template's"
-                           f" {MODE_ANNOTATION} to cuda or nvidia")
+        raise SuggestError(f"{what}: suggest does not write a pool's map in device mode dra yet (bind places such"
+                           f" pods); write the map by hand, or set the template's {MODE_ANNOTATION} to cuda or nvidia"
+                           " to have one suggested")
 
 
 def placed_indexes(work: Workload) -> tuple[int, ...]:

@@ -317,7 +317,7 @@ def dra_claim(cluster, args, pod: dict[str, Any], index: int | None, placement) 
         return answer
     answer.update(dra.claim_state(cluster.resource_claim(namespace, claim_name), pod))
     if answer["state"] in (dra.ABSENT, dra.PENDING) and placement is not None and index is not None:
-        wanted = dra.wanted_devices(namespace, name, index, placement, device_class, _rules(args),
+        wanted = dra.wanted_devices(namespace, claim_name, index, placement, device_class, _rules(args),
                                     cluster.resource_slices(), dra.allocated(cluster.resource_claims()))
         if not isinstance(wanted, str):  # why not, if not: the DynamicResources plugin's refusal
             answer["wanted"] = [str(device) for _, device in wanted.requests]

@@ -41,7 +41,7 @@ POD = {"metadata": {"name": "train-1", "namespace": "team-a", "uid": "u-1",
 
 
 def wanted(devices=("0", "2"), slices=(GPUS,), rules=RULES, held=None, cls=NVIDIA, node="node1"):
-    return wanted_devices("team-a", "train-1", 1, Placement(node, tuple(devices)), cls, rules, list(slices), held or {})
+    return wanted_devices("team-a", "train-1-gpus", 1, Placement(node, tuple(devices)), cls, rules, list(slices), held or {})
 
 
 # -- rules -----------------------------------------------------------------------------------------

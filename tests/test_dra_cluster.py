@@ -188,3 +188,37 @@ def test_bind_refuses_a_device_kube_scheduler_allocated_naming_the_claim(stack, 
     assert message.endswith(f"map entry 0=node3:1: device 1 ({NVIDIA}/node3/gpu-1) is allocated in ResourceClaim"
                             f" {namespace}/theirs")
     assert not stack.api.read_namespaced_pod("b-0", namespace).spec.node_name
+
+
+def test_a_deployments_pods_take_entries_of_a_pool_each_with_its_claim_allocated_for_its_entry(
+        stack, namespace, admin, gpus_on_node3):
+    """A pool in DRA mode: the pods have no name at admission, so mutate names each claim from the
+    pod's generateName and the admission request; bind gives each pod a free entry, creates its claim
+    for that entry's devices, allocates and reserves it, and binds the pod."""
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve", "namespace": namespace},
+                  "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "serve"}},
+                           "template": {"metadata": {"labels": {"app": "serve"}, "annotations": {
+                               "gpu-scheduling-map": "0=node3:1\n1=node3:2\n", "gpu-scheduler/device-env": "dra"}},
+                               "spec": {"schedulerName": "gpu-scheduler", "terminationGracePeriodSeconds": 0,
+                                        "containers": [{"name": "c", "image": "busybox"}]}}}}
+    stack.apply(deployment)
+    try:
+        pods = stack.wait_bound(namespace, 2, "app=serve")
+        given = {}
+        for pod in pods:
+            [ref] = pod["spec"]["resourceClaims"]
+            assert ref["name"] == "gpu-scheduler" and ref["resourceClaimName"].startswith(pod["metadata"]["generateName"])
+            entry = pod["metadata"]["annotations"]["gpu-scheduler/entry"]
+            claim = admin._call("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{ref['resourceClaimName']}")
+            [result] = claim["status"]["allocation"]["devices"]["results"]
+            given[entry] = result["device"]
+            assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": pod["metadata"]["name"],
+                                                       "uid": pod["metadata"]["uid"]}]
+            env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+            assert env["CUDA_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+                "metadata.annotations['gpu-scheduler/device-ordinals']"
+            assert pod["metadata"]["annotations"]["gpu-scheduler/device-ordinals"] == "0"
+        assert given == {"0": "gpu-1", "1": "gpu-2"}
+    finally:
+        stack.cp.kubectl("delete", "deployment", "serve", "-n", namespace, "--cascade=foreground", "--wait=false")
+        stack.cp.kubectl("delete", "replicasets", "--all", "-n", namespace, "--wait=false")

@@ -238,10 +238,18 @@ def test_mutate_counts_a_pool_pod_for_its_largest_entry():
     assert '"gpu-scheduler.io/gpu"' in text or "gpu-scheduler.io~1gpu" in text
 
 
-def test_mutate_refuses_a_pool_pod_in_dra_mode_naming_the_fix():
-    response, decision = admission_response(review(rs_pod()), "dra", quota=False)
-    assert not decision.allowed and decision.reason == "PoolInDRAMode"
-    assert "cuda or nvidia" in decision.message
+def test_mutate_gives_a_pool_pod_in_dra_mode_a_claim_named_from_its_request_and_the_ordinals():
+    pod = rs_pod()
+    pod["metadata"].pop("name")
+    pod["metadata"]["generateName"] = "web-7d9f8-"
+    response, decision = admission_response(review(pod), "dra", quota=False)
+    assert decision.allowed, decision.message
+    ops = json.loads(base64.b64decode(response["response"]["patch"]))
+    claims = next(op["value"] for op in ops if op["path"] == "/spec/resourceClaims")
+    assert claims == [{"name": "gpu-scheduler", "resourceClaimName": "web-7d9f8-r-gpus"}]  # the request's UID is "r"
+    env = next(op["value"] for op in ops if op["path"] == "/spec/containers/0/env")
+    assert {"name": "CUDA_VISIBLE_DEVICES",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['gpu-scheduler/device-ordinals']"}}} in env
 
 
 def test_after_a_map_change_an_old_pods_devices_hold_the_new_maps_entries_that_share_them():

@@ -232,7 +232,7 @@ def test_pick_takes_the_fullest_fitting_group_and_its_lowest_devices():
      " the replicas of a StatefulSet, a Job with completionMode: Indexed, a JobSet's replicated jobs, a"
      " LeaderWorkerSet or a Deployment (its pool)"),
     ({**statefulset(2, dra_mode=True), "kind": "Deployment"}, 1,
-     "Deployment team/train: a pool pod cannot use device mode dra yet"),
+     "Deployment team/train: suggest does not write a pool's map in device mode dra yet"),
     (statefulset(2, schedulerName="default-scheduler"), 1,
      "spec.template.spec.schedulerName is default-scheduler, so bind would not place the replicas; set it to"
      " gpu-scheduler"),

@@ -155,6 +155,18 @@ def claim_name(pod_name: str) -> str:
     return pod_name + CLAIM_SUFFIX
 
 
+def pool_claim_name(generate_name: str, request_uid: str) -> str:
+    """The claim of a pool pod, which has no name at admission (generateName): named by mutate from
+    its generateName and the admission request's UID (unique per pod creation)."""
+    return f"{generate_name}{request_uid.replace('-', '')[:10]}{CLAIM_SUFFIX}"
+
+
+def pod_claim(pod: Mapping[str, Any]) -> str:
+    """The name of the claim bind makes for the pod: the one mutate referenced, else `<name>-gpus`."""
+    refs = claim_refs(pod)
+    return refs[0] if refs else claim_name(str(metadata(pod).get("name") or ""))
+
+
 def uses_dra(pod: Mapping[str, Any]) -> bool:
     """Admitted in DRA mode: mutate gave it the pod-level claim named gpu-scheduler."""
     return any(c.get("name") == POD_CLAIM for c in _maps(spec(pod).get("resourceClaims")))
@@ -329,7 +341,7 @@ def allocated(claims: Iterable[Mapping[str, Any]]) -> dict[Device, str]:
     return held
 
 
-def wanted_devices(namespace: str, pod_name: str, index: int, placement: Placement, device_class_name: str,
+def wanted_devices(namespace: str, claim: str, index: int, placement: Placement, device_class_name: str,
                    rules: Mapping[str, Rule], slices: Iterable[Mapping[str, Any]],
                    held: Mapping[Device, str]) -> Wanted | str:
     """The devices of the pod's map entry as its node's ResourceSlices publish them, or why they
@@ -343,7 +355,7 @@ def wanted_devices(namespace: str, pod_name: str, index: int, placement: Placeme
         return f"{entry}: {chosen}"
     driver, rule = chosen
     published = node_devices(slices, node, driver)
-    mine = f"{namespace}/{claim_name(pod_name)}"
+    mine = f"{namespace}/{claim}"
     requests, selectors = [], {}
     for position, device in enumerate(placement.devices):
         found = [d for d, body in published if _matches(rule, node, device, d, body)]
@@ -365,7 +377,7 @@ def wanted_devices(namespace: str, pod_name: str, index: int, placement: Placeme
         requests.append((name, found[0]))
         if rule.attribute:
             selectors[name] = _cel(rule, driver, node, device)
-    return Wanted(namespace, claim_name(pod_name), device_class_name, node, tuple(requests), selectors)
+    return Wanted(namespace, claim, device_class_name, node, tuple(requests), selectors)
 
 
 # -- the claim -------------------------------------------------------------------------------------

@@ -40,8 +40,7 @@ def _annotated_dra(pod: Mapping[str, Any]) -> bool:
 
 def claim_key(pod: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of the claim bind makes for the pod."""
-    meta = metadata(pod)
-    return str(meta.get("namespace") or ""), dra.claim_name(str(meta.get("name") or ""))
+    return str(metadata(pod).get("namespace") or ""), dra.pod_claim(pod)
 
 
 class ClaimStore(Protocol):
@@ -87,7 +86,7 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, ReservePlugin, PreBindPlug
                                        " (Kubernetes 1.34+)")
         entry = resolved(state)
         namespace, name = claim_key(pod)
-        wanted = dra.wanted_devices(namespace, str(metadata(pod).get("name")), entry.index, entry.placement,
+        wanted = dra.wanted_devices(namespace, name, entry.index, entry.placement,
                                     dra.device_class(pod, self.config.dra_device_class), self.config.dra_rules,
                                     node.slices, node.held)
         if isinstance(wanted, str):
