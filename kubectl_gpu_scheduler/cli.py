@@ -672,7 +672,7 @@ def run_gpus(args, stdout) -> int:
             return core.answer(pod, fw, read_view(cluster, args, core.Lazy(lambda: cluster.pods_in(namespace)), pdbs))
         return answer
 
-    reads = gpus.Reads(cluster.api, args.scheduler_namespace)
+    reads = gpus.Reads(cluster.api, args.scheduler_namespace, cluster.keep)
     tty = hasattr(stdout, "isatty") and stdout.isatty()
 
     def draw_now() -> str:

@@ -39,6 +39,32 @@ class Cluster:
         self._gone_pods: dict[tuple[str, str, str], bool] = {}
         self._dra: DraSupport | None = None
         self._quotas: dict[str, list[dict] | None] = {}
+        self._listed: dict[tuple[str, str], dict] | None = None  # every pod by (namespace, name), once kept
+
+    def keep(self, nodes: Sequence[dict], pods: Sequence[dict], records_namespace: str, records: list[Record],
+             entries: list[EntryRecord], slices: Sequence[dict] | None) -> None:
+        """What `gpus` listed, kept as if read here (every node, every pod, bind's records, the slices
+        where served): explain's verdicts for its pending pods read none of it again."""
+        on: dict[str, list[dict]] = {}
+        namespaced: dict[str, list[dict]] = {}
+        self._listed = {}
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            namespace = str(meta.get("namespace") or "")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                on.setdefault(node, []).append(pod)
+            namespaced.setdefault(namespace, []).append(pod)
+            self._listed[(namespace, str(meta.get("name") or ""))] = pod
+        for node in nodes:
+            name = (node.get("metadata") or {}).get("name")
+            if isinstance(name, str) and name:
+                self._nodes[name] = node
+                self._pods_on[name] = on.get(name, [])
+        self._pods_in.update(namespaced)
+        self._records[records_namespace], self._entry_records[records_namespace] = records, entries
+        if slices is not None:
+            self._slices = list(slices)
 
     def forget(self) -> None:
         """Read everything anew from now on (`gpus --watch` draws the cluster as it is at each change)."""
@@ -162,7 +188,7 @@ class Cluster:
             return False
         key = (namespace, name, record.last_uid)
         if key not in self._gone_pods:
-            pod = self.pod(namespace, name)
+            pod = self._listed.get((namespace, name)) if self._listed is not None else self.pod(namespace, name)
             meta = (pod or {}).get("metadata") or {}
             # bind's rule (its cache's gone_of): a pod that finished holds nothing, nor one deleted before it was bound
             self._gone_pods[key] = (pod is None or meta.get("uid") != record.last_uid or is_terminal(pod)

@@ -78,22 +78,27 @@ COLOURS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
 class Reads:
     """Everything `gpus` reads, each kind listed once."""
 
-    def __init__(self, api, records_namespace: str):
-        self.api, self.records_namespace = api, records_namespace
+    def __init__(self, api, records_namespace: str, keep: Callable[..., None] | None = None):
+        """keep: given what was read (nodes, pods, the records' namespace, records, entries, and the
+        slices or None where not served), for explain's verdicts to read it rather than the API again."""
+        self.api, self.records_namespace, self.keep = api, records_namespace, keep
 
     def read(self) -> tuple[list[dict], list[dict], list[Record], list[EntryRecord], list[dict]]:
         # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
         leases = [lease for page, _ in self.api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
         nodes = [node for page, _ in self.api.list_nodes() for node in page]
         pods = [pod for page, _ in self.api.list_all_pods(projection=POD_TIMES) for pod in page]
+        served = True
         try:
             slices = [s for page, _ in self.api.list_resource_slices() for s in page]
         except APIError as error:
             if not error.not_found:  # resource.k8s.io/v1 not served (before 1.34): no slices
                 raise
-            slices = []
+            slices, served = [], False
         records = [r for r in map(Record.of, leases) if r is not None]
         entries = [r for r in map(EntryRecord.of, leases) if r is not None]
+        if self.keep is not None:
+            self.keep(nodes, pods, self.records_namespace, records, entries, slices if served else None)
         return nodes, pods, records, entries, slices
 
 
