@@ -12,9 +12,11 @@ API server are both measured from the same trigger.
 - writes: the API server's own request counters (apiserver_request_total) before and after bind
   places N pods: writes per placed pod by resource, for this tree's bind and for bind at
   BEFORE_REWRITE.
+- gpus: `kubectl gpu-scheduler gpus -o json` on the same nodes and pods, against `kubectl get`'s
+  reading alone (bench/gpus.py, issue 45).
 
 Figures are printed next to their goals, never asserted. `python -m bench.scale [--smoke] [--scale]
-[--only drain,writes,scale]` runs only this section.
+[--only drain,writes,scale,gpus]` runs only this section.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from kubernetes import config
 from kubernetes.client import Configuration
 
 from bench.proc import peak_rss_mb
-from bench import profile, run as bench_run  # modules, not names: bench.run imports this one
+from bench import gpus as gpus_bench, profile, run as bench_run  # modules, not names: bench.run imports this one
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from kubeapi.client import MERGE_PATCH, Kube
 from localcp.cluster import free_port
@@ -487,7 +489,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
 
 
 # -- the section -------------------------------------------------------------------------------------
-def run(smoke: bool, at_scale: bool = False, only: tuple[str, ...] = ("drain", "writes", "scale")) -> dict:
+def run(smoke: bool, at_scale: bool = False, only: tuple[str, ...] = ("drain", "writes", "scale", "gpus")) -> dict:
     """On one stack without webhook and event source (bind finds or is told its work itself): the
     stack's own bind is stopped first, so only the bind being measured places pods."""
     drain_n, drain_reps, writes_n, writes_reps = (40, 1, 20, 1) if smoke else (300, 5, 100, 2)
@@ -501,7 +503,11 @@ def run(smoke: bool, at_scale: bool = False, only: tuple[str, ...] = ("drain", "
                  "writes": (f"API writes per placed pod, bind now and at {BEFORE_REWRITE}",
                             lambda: writes(stack, binds, api, writes_n, writes_reps)),
                  "scale": (f"scale, {SCALE_SIZES[size][0]} nodes and {SCALE_SIZES[size][1]} pods",
-                           lambda: scale(stack, binds, api, size))}
+                           lambda: scale(stack, binds, api, size)),
+                 # after scale: on its nodes and pods (bench/gpus.py adds only what is missing)
+                 "gpus": (f"kubectl gpu-scheduler gpus -o json, {SCALE_SIZES[size][0]} nodes and"
+                          f" {SCALE_SIZES[size][1]} pods",
+                          lambda: gpus_bench.measure(stack, api, *gpus_bench.SIZES[size]))}
         for part, (what, measure) in parts.items():
             if part in only:
                 print(f"bench: {what}", flush=True)
@@ -559,6 +565,8 @@ def rows(results: dict) -> list[str]:
         c = s["cpu_ms_per_1000_created"]
         row("  CPU ms per 1000 pods created elsewhere, bind / kube-scheduler",
             f"{c['bind']:.0f} / {c['kube-scheduler']:.0f}")
+    if results.get("gpus"):
+        out += gpus_bench.rows(results["gpus"])
     return out
 
 
@@ -566,7 +574,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--scale", action="store_true", help="1000 nodes and 20000 pods")
-    parser.add_argument("--only", default="drain,writes,scale")
+    parser.add_argument("--only", default="drain,writes,scale,gpus")
     args = parser.parse_args()
     results = run(args.smoke, args.scale, tuple(args.only.split(",")))
     print(json.dumps(results, indent=2))
