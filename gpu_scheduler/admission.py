@@ -23,7 +23,7 @@ from .plugins.nodeaffinity import node_affinity
 from .devices import (
     CUDA, DRA, ModeError, device_env, device_mode, device_warnings, pool_device_env,
 )
-from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name, claim_refs, pool_claim_name
+from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name, pool_claim_name
 from .fit import GANG_ANNOTATION
 from .plugins.gang import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, Pool, map_text, metadata, pool_of, resolve, spec
@@ -357,8 +357,8 @@ def _decide_pool(review: Review, pod: Mapping[str, Any], pool: Pool, mode: str, 
     claim = None
     if mode == DRA:  # its claim, which bind creates for the entry it gives it: the pod has no name yet
         meta = metadata(pod)
-        claim = (claim_refs(pod) or [pool_claim_name(str(meta.get("generateName") or meta.get("name") or "pod-"),
-                                                     review.uid)])[0]
+        # named from the request: a re-invocation names the same; an entry naming another claim is refused
+        claim = pool_claim_name(str(meta.get("generateName") or meta.get("name") or "pod-"), review.uid)
     try:
         patch = patch_for(pod, pool_device_env(mode), claims=mode == DRA, requests=wanted, claim=claim)
     except ClaimError as error:

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from ...shapes import as_map as _map, as_maps as _maps
 from ...placement import metadata, spec
+from ...podindex import is_pool
 from ...schedmap import Placement, is_dns_subdomain, shown
 
 API_VERSION = "resource.k8s.io/v1"
@@ -162,9 +163,13 @@ def pool_claim_name(generate_name: str, request_uid: str) -> str:
 
 
 def pod_claim(pod: Mapping[str, Any]) -> str:
-    """The name of the claim bind makes for the pod: the one mutate referenced, else `<name>-gpus`."""
+    """The name of the claim bind makes for the pod: `<name>-gpus`; for a pool pod, which had no
+    name at admission, the one mutate referenced (pool_claim_name). Any other pod that references
+    another claim is refused for it (DynamicResources), as before pools."""
     refs = claim_refs(pod)
-    return refs[0] if refs else claim_name(str(metadata(pod).get("name") or ""))
+    if refs and is_pool(metadata(pod)):
+        return refs[0]
+    return claim_name(str(metadata(pod).get("name") or ""))
 
 
 def uses_dra(pod: Mapping[str, Any]) -> bool:
