@@ -213,16 +213,7 @@ def plan_table(answer: dict[str, Any], wide: bool = False) -> str:
                 out.append(f"  warning: {who}: {warning['message']}\n")
             if pod.get("claim"):
                 out.append(f"  claim: {who}: {claim_text(pod['claim'], work['namespace'])}\n")
-        for gang in gangs:
-            out += [line + "\n" for line in gang_lines(gang)]
-        for warning in work["warnings"]:
-            out.append(f"  warning: {warning['message']}\n")
-        out += [f"  quota: {quota_text(q)}\n" for q in work.get("quota", ())]
-        if work.get("templateCounts"):
-            requested = ", ".join(f"{k}: {v}" for k, v in sorted(work["templateCounts"]["requests"].items()))
-            how = "every entry's" if work["templateCounts"]["exact"] else "the largest entry's: an upper bound"
-            out.append(f"  Kueue counts {requested} per pod ({how})\n")
-        out.append("\n")
+        out += workload_footer(work, gangs)
     return "".join(out).rstrip("\n") + "\n"
 
 
@@ -289,6 +280,14 @@ def _pool_lines(work: dict[str, Any], wide: bool) -> list[str]:
     for message, who in waiting.items():
         names = f"replica {who[0]}" if len(who) == 1 else f"replicas {', '.join(who)}"
         out.append(f"  not placed now: {names}: {message}\n")
+    out += workload_footer(work, gangs)
+    return out
+
+
+def workload_footer(work: dict[str, Any], gangs) -> list[str]:
+    """The lines below a workload's table, an indexed one's or a pool's alike: its gangs, warnings,
+    quotas and what Kueue counts per pod; then a blank line."""
+    out = []
     for gang in gangs:
         out += [line + "\n" for line in gang_lines(gang)]
     for warning in work["warnings"]:
