@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench import run as bench_run, scale  # modules, not names: bench.scale imports this one
+from bench import figure_line
 from gpu_scheduler.fit import DEVICES_ANNOTATION, held_devices, workload
 from gpu_scheduler.records import RECORD_SELECTOR, lease_for, record_name, workload_key
 from kubeapi.client import MERGE_PATCH, Kube
@@ -348,8 +349,7 @@ def rows(g: dict) -> list[str]:
     out = []
 
     def row(name, value, goal="(report)", ok=None):
-        verdict = "" if ok is None else ("PASS" if ok else "MISS")
-        out.append(f"{name:<62} {value:>20} {goal:>12}  {verdict}")
+        out.append(figure_line(name, value, goal, ok))
     m = g["median_s"]
     row(f"gpus -o json: {g['nodes']} nodes, {g['pods']} pods, {g['pending_ours']} pending (s)", f"{m['gpus']:.2f}",
         f"<= {GOAL_S:g}", m["gpus"] <= GOAL_S)

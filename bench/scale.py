@@ -39,6 +39,7 @@ from kubernetes.client import Configuration
 
 from bench.proc import peak_rss_mb
 from bench import gpus as gpus_bench, profile, run as bench_run  # modules, not names: bench.run imports this one
+from bench import figure_line
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from kubeapi.client import MERGE_PATCH, Kube
 from localcp.cluster import free_port
@@ -520,8 +521,7 @@ def rows(results: dict) -> list[str]:
     out = []
 
     def row(name, value, goal="(report)", ok=None):
-        verdict = "" if ok is None else ("PASS" if ok else "MISS")
-        out.append(f"{name:<62} {value:>20} {goal:>12}  {verdict}")
+        out.append(figure_line(name, value, goal, ok))
     d = results.get("drain")
     if d:
         row(f"backlog drain, {d['pods']} pods: bind / raw pods/binding at 8 threads",
