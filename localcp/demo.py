@@ -251,6 +251,13 @@ def holder_waits(stack: LocalStack) -> str | None:
     return f"{HOLDER}'s replacement was bound to {bound[0]['spec']['nodeName']}" if bound else None
 
 
+def shown_up(stack: LocalStack, started: float) -> None:
+    """The stack just started: how long it took, its versions and its nodes."""
+    print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
+    print("    " + "; ".join(stack.cp.versions()))
+    print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+
+
 def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str, float]) -> None:
     """The five replicas Running: where, each container's log line, (DRA) the claims, and the
     Events of one pod. since: (what, when) the time to Running is counted from."""
@@ -605,9 +612,7 @@ def main_deployment() -> int:
          "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
     started = time.monotonic()
     with LocalStack(real_nodes=True) as stack:
-        print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
-        print("    " + "; ".join(stack.cp.versions()))
-        print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        shown_up(stack, started)
         [shown_map] = {t["metadata"]["annotations"][MAP_ANNOTATION] for t in pod_templates(manifest)}
         strategy = manifest["spec"]["strategy"]["rollingUpdate"]
         step(f"kubectl apply -f {path.relative_to(REPO)}, its containers replaced by the seed's check container\n"
@@ -831,9 +836,7 @@ def main(argv=None) -> int:
          "    mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
     started = time.monotonic()
     with LocalStack(real_nodes=True) as stack:
-        print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
-        print("    " + "; ".join(stack.cp.versions()))
-        print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+        shown_up(stack, started)
         step(f"kubectl gpu-scheduler suggest -f {SEED.relative_to(REPO)} --gpus 2   (a map from the nodes as they"
              " are, before the seed:\n    each replica 2 GPUs on one node, one replica per node first; the seed"
              " is applied with its own map)")
