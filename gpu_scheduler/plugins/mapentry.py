@@ -14,6 +14,7 @@ from ..framework.interface import (
     BOUND_ANNOTATIONS, DEVICES, Candidate, Candidates, CycleState, PreFilterPlugin, PreFilterResult, inputs,
     unresolvable,
 )
+from ..fit import DEVICES_ANNOTATION
 from ..placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, Resolved, map_text, resolve
 from ..podinputs import NO_ANNOTATION
 
@@ -51,7 +52,6 @@ def bound_annotations(found: Resolved) -> dict[str, str]:
 def _writes(found: Resolved) -> dict[str, Any]:
     writes: dict[str, Any] = {RESOLVED: found, DEVICES: found.placement.devices}
     if found.pooled:
-        from ..fit import DEVICES_ANNOTATION  # fit imports placement, as this module does: no cycle
         writes[BOUND_ANNOTATIONS] = {DEVICES_ANNOTATION: found.placement.visible_devices, **bound_annotations(found)}
     return writes
 
