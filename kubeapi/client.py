@@ -38,6 +38,9 @@ def quote(segment: str) -> str:
 
 
 JSON = "application/json"
+# A listing's objects as their metadata alone (PartialObjectMetadataList): the API server sends a
+# tenth of a running pod's bytes.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 TIMEOUT = urllib3.Timeout(connect=3, read=10)  # an outage must become a 503 quickly, not a hang
@@ -163,8 +166,9 @@ class Kube:
             return headers
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = JSON,
-              query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = json.loads) -> dict:
-        headers = {"Accept": JSON, **self._auth_headers()}
+              query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = json.loads,
+              accept: str = JSON) -> dict:
+        headers = {"Accept": accept, **self._auth_headers()}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -234,15 +238,22 @@ class Kube:
         finally:
             response.release_conn()
 
-    def list_pages(self, path: str, projection: Decoder | None = None, **selectors: str) -> Iterator[tuple[list[dict], str]]:
+    def list_pages(self, path: str, projection: Decoder | None = None, accept: str = JSON, paged: bool = True,
+                   **selectors: str) -> Iterator[tuple[list[dict], str]]:
         """A listing of the objects at `path`, LIST_PAGE at a time, as (items, resourceVersion):
         the version, where a watch of them starts, is the first page's (every page is of it).
-        `projection`: decode only the fields it declares (kubeapi/projection.py)."""
+        `projection`: decode only the fields it declares (kubeapi/projection.py); `accept`:
+        METADATA_LIST for the objects' metadata alone. `paged=False`: in one response, which the
+        API server answers from its watch cache; a field selector that keeps few objects is
+        answered a page at a time by reading through etcd until the page is full (4300 of 20000
+        pods: 1.5 s in pages of 500, 0.4 s in one response; bench/gpus.py)."""
         decode = projection.listing if projection else json.loads
-        query = {**{k: v for k, v in selectors.items() if v}, "limit": str(LIST_PAGE)}
+        query = {k: v for k, v in selectors.items() if v}
+        if paged:
+            query["limit"] = str(LIST_PAGE)
         version = ""
         while True:
-            listing = self._call("GET", path, query=query, decode=decode)
+            listing = self._call("GET", path, query=query, decode=decode, accept=accept)
             meta = listing.get("metadata") or {}
             version = version or meta.get("resourceVersion") or ""
             yield listing.get("items") or [], version
@@ -253,8 +264,14 @@ class Kube:
     def list_namespaced_pods(self, namespace: str) -> Iterator[tuple[list[dict], str]]:
         return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods")
 
-    def list_all_pods(self, projection: Decoder | None = None, field_selector: str = "") -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages("/api/v1/pods", projection, fieldSelector=field_selector)
+    def list_all_pods(self, projection: Decoder | None = None, field_selector: str = "", paged: bool = True
+                      ) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/pods", projection, paged=paged, fieldSelector=field_selector)
+
+    def list_all_pod_metadata(self, field_selector: str = "", projection: Decoder | None = None, paged: bool = True
+                              ) -> Iterator[tuple[list[dict], str]]:
+        """Every pod's metadata alone (name, namespace, uid, labels, annotations, owners)."""
+        return self.list_pages("/api/v1/pods", projection, METADATA_LIST, paged, fieldSelector=field_selector)
 
     def watch_all_pods(self, resource_version: str, seconds: int, projection: Decoder | None = None,
                        field_selector: str = "") -> Iterator[tuple[str, dict, int]]:

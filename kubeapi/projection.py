@@ -173,6 +173,20 @@ class Decoder:
 
 
 PODS = Decoder(Pod, PodEvent, PodList)
+
+
+# A pod's metadata alone (kubeapi.client.METADATA_LIST), without its managed fields.
+class PodMetadata(TypedDict, total=False):
+    metadata: ObjectMeta
+
+
+class PodMetadataEvent(TypedDict, total=False):
+    type: Any
+    object: PodMetadata
+
+
+PodMetadataList = TypedDict("PodMetadataList", {"metadata": _ListMeta, "items": list[PodMetadata]}, total=False)
+POD_METADATA = Decoder(PodMetadata, PodMetadataEvent, PodMetadataList)
 NODES = Decoder(Node, NodeEvent, NodeList)
 
 
