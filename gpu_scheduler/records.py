@@ -75,6 +75,13 @@ def _time(value: float) -> str:
 def _parse_time(value: Any) -> float:
     if not isinstance(value, str):
         return 0.0
+    # The two shapes a Lease's times take (MicroTime, and whole seconds), by fromisoformat: a tenth
+    # of strptime's cost, which `gpus` pays for each of thousands of records.
+    if value[-1:] == "Z" and (len(value) == 20 or (len(value) == 27 and value[19] == ".")):
+        try:
+            return datetime.fromisoformat(value[:-1] + "+00:00").timestamp()
+        except ValueError:
+            pass
     for pattern in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
         try:
             return datetime.strptime(value, pattern).replace(tzinfo=timezone.utc).timestamp()
