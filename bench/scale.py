@@ -345,12 +345,13 @@ def container(resources: dict) -> list[dict]:
 def bulk_pod(i: int, nodes: list[str]) -> dict:
     """Bound at creation (spec.nodeName), nothing schedules it: pod i on node i % len(nodes). The
     first four on each node hold a GPU each (0-3, with bind's device record), so fit and GPU
-    accounting have something to count on every node."""
+    accounting have something to count on every node; they are gpu-scheduler's pods, as every pod
+    bind writes `gpu-scheduler/devices` on is."""
     node, holder = nodes[i % len(nodes)], i // len(nodes)
     body = {"metadata": {"name": f"b-{i}"}, "spec": {"nodeName": node, "containers": container(RESOURCES)}}
     if holder < 4:
         body["metadata"]["annotations"] = {DEVICES_ANNOTATION: str(holder)}
-        body["spec"]["containers"] = container(GPU)
+        body["spec"].update(containers=container(GPU), schedulerName="gpu-scheduler")
     return body
 
 
