@@ -40,29 +40,34 @@ class Cluster:
         self._dra: DraSupport | None = None
         self._quotas: dict[str, list[dict] | None] = {}
         self._listed: dict[tuple[str, str], dict] | None = None  # every pod by (namespace, name), once kept
+        # By node, worked out once: `gpus` asks for hundreds of nodes' snapshots from one read.
+        self._node_infos: dict[str, NodeInfo] = {}
+        self._records_on: dict[str, dict[str, tuple[dict[str, Record], dict[tuple[str, int], EntryRecord]]]] = {}
 
     def keep(self, nodes: Sequence[dict], pods: Sequence[dict], records_namespace: str, records: list[Record],
-             entries: list[EntryRecord], slices: Sequence[dict] | None) -> None:
-        """What `gpus` listed, kept as if read here (every node, every pod, bind's records, the slices
-        where served): explain's verdicts for its pending pods read none of it again."""
-        on: dict[str, list[dict]] = {}
+             entries: list[EntryRecord], slices: Sequence[dict] | None,
+             pods_on: Mapping[str, list[dict]] | None = None) -> None:
+        """What `gpus` listed, kept as if read here: every node, gpu-scheduler's pods (by name, for
+        "is a record's pod gone": records name bind's own pods; by namespace, for a gang's members:
+        they are ours too), bind's records, the slices where served, and every pod of the nodes in
+        `pods_on`. explain's verdicts for its pending pods read none of it again; a node not in
+        `pods_on` has its pods read when asked, as ever."""
         namespaced: dict[str, list[dict]] = {}
         self._listed = {}
         for pod in pods:
             meta = pod.get("metadata") or {}
             namespace = str(meta.get("namespace") or "")
-            node = (pod.get("spec") or {}).get("nodeName")
-            if node:
-                on.setdefault(node, []).append(pod)
             namespaced.setdefault(namespace, []).append(pod)
             self._listed[(namespace, str(meta.get("name") or ""))] = pod
         for node in nodes:
             name = (node.get("metadata") or {}).get("name")
             if isinstance(name, str) and name:
                 self._nodes[name] = node
-                self._pods_on[name] = on.get(name, [])
+        self._pods_on.update(pods_on or {})
         self._pods_in.update(namespaced)
         self._records[records_namespace], self._entry_records[records_namespace] = records, entries
+        self._records_on.pop(records_namespace, None)
+        self._node_infos.clear()
         if slices is not None:
             self._slices = list(slices)
 
@@ -173,6 +178,17 @@ class Cluster:
         self._read_records(namespace)
         return self._entry_records[namespace]
 
+    def _records_of(self, node: str, namespace: str) -> tuple[dict[str, Record], dict[tuple[str, int], EntryRecord]]:
+        """bind's device and entry records of one node, by device and by (pool, entry)."""
+        if namespace not in self._records_on:
+            on: dict[str, tuple[dict[str, Record], dict[tuple[str, int], EntryRecord]]] = {}
+            for record in self.records(namespace):
+                on.setdefault(record.node, ({}, {}))[0][record.device] = record
+            for entry in self.entry_records(namespace):
+                on.setdefault(entry.node, ({}, {}))[1][(entry.pool, entry.entry)] = entry
+            self._records_on[namespace] = on
+        return self._records_on[namespace].get(node, ({}, {}))
+
     def _read_records(self, namespace: str) -> None:
         if namespace in self._records:
             return
@@ -219,10 +235,11 @@ class Cluster:
         """The pod's node as bind's framework decides on it: the node, its pods, bind's records of
         its devices, and in DRA mode its slices and the claims (read now, as bind's views hold them)."""
         obj = self.node(node)
-        records = {r.device: r for r in self.records(records_namespace) if r.node == node}
-        entries = {(r.pool, r.entry): r for r in self.entry_records(records_namespace) if r.node == node}
+        records, entries = self._records_of(node, records_namespace)
         gone = frozenset(r.last_uid for r in (*records.values(), *entries.values()) if r.last_uid and self._gone(r))
-        base = NodeSnapshot(name=node, node=obj, info=NodeInfo.of(self.pods_on(node) if obj else ()),
+        if node not in self._node_infos:
+            self._node_infos[node] = NodeInfo.of(self.pods_on(node) if obj else ())
+        base = NodeSnapshot(name=node, node=obj, info=self._node_infos[node],
                             records=records, gone=gone, now=time.time(), quotas=self.quota_views([pod] if pod else []),
                             entries=entries)
         if not dra.uses_dra(pod) or self.dra_support() is DraSupport.NOT_SERVED:

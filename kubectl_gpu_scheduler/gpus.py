@@ -28,7 +28,7 @@ import yaml
 
 from gpu_scheduler import SCHEDULER_NAME
 from gpu_scheduler import plan as core
-from gpu_scheduler.fit import NodeInfo, PodInfo, held_devices, is_terminal, shares_gpus, workload
+from gpu_scheduler.fit import DEVICES_ANNOTATION, NodeInfo, PodInfo, held_devices, is_terminal, shares_gpus, workload
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.gpus import (
     BEING_FREED, FREE, HELD, IN_FLIGHT, SHARED, GpuView, Waiter, gpu_view, only,
@@ -39,9 +39,9 @@ from kubeapi.errors import APIError
 
 try:  # msgspec is bind's (functions/bind/requirements.txt), not the plugin's: without it, pods are decoded in full
     import msgspec
-    from kubeapi.projection import PODS
+    from kubeapi.projection import NODES, POD_METADATA, PODS
 except ImportError:  # pragma: no cover - the plugin installed by pip (pyproject's dependencies)
-    msgspec, PODS = None, None
+    msgspec, NODES, POD_METADATA, PODS = None, None, None, None
 
 try:  # bind's projection keeps no condition's time ("a pod's times are read by nobody"); a holder's
     # "since" is its PodScheduled condition's lastTransitionTime: PODS with that time kept
@@ -75,31 +75,85 @@ GRID_FREE, GRID_IN_FLIGHT, GRID_BEING_FREED, GRID_SHARED = ".", "+", "~", "*"
 COLOURS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
 
 
+OURS = f"spec.schedulerName={SCHEDULER_NAME}"  # the pods the view reads whole (Reads says why)
+OTHERS = f"spec.schedulerName!={SCHEDULER_NAME}"
+READERS = 8  # calls made at a time: the listings after the records', then the nodes' pods
+
+
 class Reads:
-    """Everything `gpus` reads, each kind listed once."""
+    """Everything `gpus` reads, each kind listed once.
+
+    The pods are not listed whole. A GPU's holders are the pods that carry `gpu-scheduler/devices`
+    (bind writes it on its own pods; a pod another workload puts on a node with it holds the GPU
+    too, as bind counts it), the records and nominations name gpu-scheduler's pods, and the
+    waiting pods are its own: so gpu-scheduler's pods are listed whole (a field selector: the API
+    server sends them alone), the others by their metadata alone, and of those only the ones that
+    carry the annotation are read whole. The other pods count in the waiting pods' verdicts (fit,
+    preemption: what else runs on the node): every pod of each node their entries name is read,
+    and no other node's. At 20000 pods that is a fifth of the bytes (bench/gpus.py)."""
 
     def __init__(self, api, records_namespace: str, keep: Callable[..., None] | None = None):
-        """keep: given what was read (nodes, pods, the records' namespace, records, entries, and the
-        slices or None where not served), for explain's verdicts to read it rather than the API again."""
+        """keep: given what was read (nodes, the pods above, the records' namespace, records,
+        entries, the slices or None where not served, and every pod of each node the waiting pods
+        name), for explain's verdicts to read it rather than the API again."""
         self.api, self.records_namespace, self.keep = api, records_namespace, keep
 
     def read(self) -> tuple[list[dict], list[dict], list[Record], list[EntryRecord], list[dict]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        api = self.api
         # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
-        leases = [lease for page, _ in self.api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
-        nodes = [node for page, _ in self.api.list_nodes() for node in page]
-        pods = [pod for page, _ in self.api.list_all_pods(projection=POD_TIMES) for pod in page]
-        served = True
-        try:
-            slices = [s for page, _ in self.api.list_resource_slices() for s in page]
-        except APIError as error:
-            if not error.not_found:  # resource.k8s.io/v1 not served (before 1.34): no slices
-                raise
-            slices, served = [], False
+        leases = [lease for page, _ in api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
+
+        def ours(selector: str) -> list[dict]:
+            return [pod for page, _ in api.list_all_pods(POD_TIMES, f"{OURS},{selector}", paged=False) for pod in page]
+        with ThreadPoolExecutor(READERS) as pool:
+            # Our pending pods first (a few): the nodes their entries name are read while the rest is.
+            listed_pending = pool.submit(ours, "spec.nodeName=")
+            listed_others = pool.submit(lambda: [p for page, _ in api.list_all_pod_metadata(OTHERS, POD_METADATA, paged=False)
+                                                 for p in page])
+            listed_nodes = pool.submit(lambda: [n for page, _ in api.list_nodes(projection=NODES) for n in page])
+            listed_slices = pool.submit(self._slices)
+            pending = listed_pending.result()
+            # Our bound pods after the pending ones, so that a pod bound in between is in one listing
+            # at least (in both, its bound copy is kept).
+            listed_bound = pool.submit(ours, "spec.nodeName!=")
+            named = sorted(waited_on(waiting_pods(pending))) if self.keep is not None else []
+            on_nodes = [pool.submit(api.list_pods, f"spec.nodeName={node}", PODS) for node in named]
+            holders = [(meta.get("namespace"), meta.get("name")) for meta in (p.get("metadata") or {}
+                                                                               for p in listed_others.result())
+                       if DEVICES_ANNOTATION in (meta.get("annotations") or {})]
+            others = [pool.submit(_or_none, api.read_pod, namespace, name, projection=POD_TIMES)
+                      for namespace, name in holders]
+            pods_on = {node: listed.result() for node, listed in zip(named, on_nodes)}
+            nodes, slices = listed_nodes.result(), listed_slices.result()
+            bound = listed_bound.result()
+            uids = {(pod.get("metadata") or {}).get("uid") for pod in bound}
+            pods = [*(pod for pod in pending if (pod.get("metadata") or {}).get("uid") not in uids), *bound,
+                    *(pod for pod in (o.result() for o in others) if pod is not None)]
         records = [r for r in map(Record.of, leases) if r is not None]
         entries = [r for r in map(EntryRecord.of, leases) if r is not None]
         if self.keep is not None:
-            self.keep(nodes, pods, self.records_namespace, records, entries, slices if served else None)
-        return nodes, pods, records, entries, slices
+            self.keep(nodes, pods, self.records_namespace, records, entries, slices, pods_on)
+        return nodes, pods, records, entries, slices or []
+
+    def _slices(self) -> list[dict] | None:
+        """The DRA driver's ResourceSlices; None where resource.k8s.io/v1 is not served (before 1.34)."""
+        try:
+            return [s for page, _ in self.api.list_resource_slices() for s in page]
+        except APIError as error:
+            if not error.not_found:
+                raise
+            return None
+
+
+def _or_none(read, *args, **kwargs) -> dict | None:
+    try:
+        return read(*args, **kwargs)
+    except APIError as error:
+        if error.not_found and error.kind != "namespaces":
+            return None  # gone since it was listed
+        raise
 
 
 @contextmanager
@@ -182,6 +236,11 @@ def waiting_pods(pods: Iterable[dict]) -> list[dict]:
     return [p for p in pods if (p.get("spec") or {}).get("schedulerName") == SCHEDULER_NAME
             and not (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
             and not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+
+def waited_on(pending: Iterable[dict]) -> set[str]:
+    """The nodes the pending pods' entries name (a pool pod's: every entry's)."""
+    return {entry.placement.node for pod in pending for entry in PodInputs.of(pod).choice.options}
 
 
 def waiters(pending: list[dict], answer: Callable[[dict], core.Answer]) -> list[tuple[Waiter, list[tuple[str, str]]]]:
