@@ -199,6 +199,10 @@ class Kube:
         return self._call("GET", self._pod(namespace, name), query={"resourceVersion": "0"} if cached else None,
                           decode=projection.object if projection else json.loads)
 
+    def server_version(self) -> dict:
+        """The API server's /version (gitVersion, major, minor, ...): every authenticated user may read it."""
+        return self._call("GET", "/version")
+
     def list_pods(self, field_selector: str, projection: Decoder | None = None) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector},
                           decode=projection.listing if projection else json.loads)["items"]

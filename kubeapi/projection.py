@@ -77,6 +77,7 @@ class PodSpec(TypedDict, total=False):
     restartPolicy: Any
     priorityClassName: Any  # GPUQuota: a ResourceQuota's PriorityClass scope
     activeDeadlineSeconds: Any  # GPUQuota: its Terminating and NotTerminating scopes
+    schedulingGroup: Any  # an upstream PodGroup (1.36+): bind says it runs no upstream gangs (notices.py)
 
 
 class Condition(TypedDict, total=False):

@@ -196,6 +196,7 @@ def test_custom_values_reach_the_objects(helm):
     assert env(containers(docs, "bind")["bind"])["RESYNC_CONCURRENCY"] == "4"
     assert env(containers(docs, "mutate")["mutate"])["DEVICE_ENV_MODE"] == "dra"
     bind_env = env(containers(docs, "bind")["bind"])
+    assert bind_env["DEVICE_ENV_MODE"] == "dra"
     assert (bind_env["GPU_SCHEDULER_DRA"], bind_env["GPU_SCHEDULER_DRA_DEVICE_CLASS"]) == ("true", "gpu.example.com")
     assert json.loads(bind_env["GPU_SCHEDULER_DRA_DEVICE_RULES"]) == json.loads(values["dra"]["deviceRules"])
     assert find(docs, "Service", "bind")["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/image-id"]
@@ -282,8 +283,11 @@ def test_quota_setting_reaches_mutate_and_bind(helm, values, quota):
 
 @pytest.mark.parametrize("values, mode", [("default", "cuda"), ("nvidia", "nvidia")])
 def test_device_env_mode(helm, values, mode):
-    for container in containers(render(helm, values), "mutate").values():
-        assert env(container)["DEVICE_ENV_MODE"] == mode
+    """mutate writes the mode's environment; bind reads it too (in dra, not ready without DRA's API)."""
+    docs = render(helm, values)
+    for name in ("mutate", "bind"):
+        for container in containers(docs, name).values():
+            assert env(container)["DEVICE_ENV_MODE"] == mode
 
 
 def test_defaults(helm):

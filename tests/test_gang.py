@@ -261,3 +261,58 @@ def test_a_gated_member_is_not_there_yet_for_its_gang():
     ungated = [pods[0], pods[1], member(2)]
     handle.members = WorkloadMembers(ungated, ())
     assert framework.schedule(ungated[0], handle).status.ok
+
+
+# -- upstream gangs (a PodGroup named in spec.schedulingGroup, Kubernetes 1.36+): not run, said once --
+def naming_podgroup(pod: dict, group="train-group") -> dict:
+    pod = {**pod, "spec": {**pod["spec"], "schedulingGroup": {"podGroupName": group}}}
+    return pod
+
+
+@pytest.mark.parametrize("group, named", [
+    ({"podGroupName": "train-group"}, "train-group"), ({"podGroupName": ""}, None), ({"podGroupName": 7}, None),
+    ({}, None), ("train-group", None), (None, None)])
+def test_the_upstream_podgroup_a_pod_names(group, named):
+    from gpu_scheduler.plugins.gang import upstream_pod_group
+
+    pod = member(0)
+    if group is not None:
+        pod["spec"]["schedulingGroup"] = group
+    assert upstream_pod_group(pod) == named
+
+
+def test_a_pod_naming_an_upstream_podgroup_is_told_its_gang_is_gpu_scheduler_s():
+    from gpu_scheduler.notices import pod_notices
+
+    [(reason, said)] = pod_notices(naming_podgroup(member(0)))
+    assert reason == "UpstreamPodGroupIgnored"
+    assert said == ("the pod names PodGroup 'train-group' (spec.schedulingGroup.podGroupName), but gpu-scheduler does"
+                    " not run upstream gangs (PodGroups): its gangs are the gpu-scheduler/gang annotation's; this pod"
+                    " is placed with its gang ns/train")
+
+
+@pytest.mark.parametrize("gang", ["false", None])
+def test_a_pod_naming_an_upstream_podgroup_and_no_gang_is_told_it_goes_alone(gang):
+    from gpu_scheduler.notices import pod_notices
+
+    pod = member(0, gang=gang or "true")
+    if gang is None:
+        del pod["metadata"]["annotations"][GANG_ANNOTATION]
+    [(_, said)] = pod_notices(naming_podgroup(pod))
+    assert said.endswith("this pod is placed on its own (to place replicas together, set gpu-scheduler/gang on the"
+                         " pod template)")
+
+
+def test_a_pod_naming_no_upstream_podgroup_gets_no_notice_and_naming_one_changes_no_decision():
+    """The notice is all: the same pod, with or without the PodGroup, decides the same (the framework
+    reads no spec.schedulingGroup)."""
+    from gpu_scheduler.notices import pod_notices
+    from gpu_scheduler.plugins.registry import new_framework
+    from gpu_scheduler.plugins.config import SchedulerConfig
+
+    pod = member(1, gang="false")
+    assert pod_notices(pod) == ()
+    framework = new_framework(SchedulerConfig())
+    snapshot = lambda name: NodeSnapshot(name, {**NODE, "metadata": {"name": name}})  # noqa: E731
+    plain, named = framework.decide(pod, snapshot), framework.decide(naming_podgroup(pod), snapshot)
+    assert (plain.status, plain.node_name, plain.devices) == (named.status, named.node_name, named.devices)

@@ -372,7 +372,7 @@ def test_mutate_never_scales_to_zero():
 # localcp/mutate_gunicorn.py reads too.
 @pytest.mark.parametrize("name, variables", [
     ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS", "GPU_SCHEDULER_QUOTA", "GPU_SCHEDULER_DRA",
-              "GPU_SCHEDULER_DRA_DEVICE_CLASS"}),
+              "GPU_SCHEDULER_DRA_DEVICE_CLASS", "DEVICE_ENV_MODE"}),
     ("mutate", {"LOG_LEVEL", "DEVICE_ENV_MODE", "GPU_SCHEDULER_QUOTA", "WORKERS", "THREADS"})])
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables

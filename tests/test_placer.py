@@ -641,8 +641,9 @@ def test_dra_a_pod_asking_for_dra_admitted_without_the_webhook_is_refused_until_
 
 
 def test_dra_a_pod_on_an_api_server_without_dra_is_refused_saying_so():
-    """Before Kubernetes 1.34 the DRA watches find no resource.k8s.io/v1 (404): bind is ready with
-    empty views, and a DRA pod is refused with the reason, writing nothing."""
+    """Before Kubernetes 1.34 the DRA watches find no resource.k8s.io/v1 (404): bind, in any device
+    env mode but dra, is ready with empty views, and a pod that asks for dra is refused with the
+    reason, writing nothing."""
     placer, api = dra_placer()
     for informer in placer.views.informers:
         if informer.optional:
@@ -651,3 +652,119 @@ def test_dra_a_pod_on_an_api_server_without_dra_is_refused_saying_so():
     assert attempt.outcome["result"] == "Unschedulable" and attempt.refused.filter == "DynamicResources"
     assert "does not serve resource.k8s.io/v1" in attempt.outcome["message"]
     assert claim_writes(api) == []
+
+
+# -- device env mode dra on an API server without resource.k8s.io/v1: not ready, saying why ---------
+class VersionedApi(FakeApi):
+    """FakeApi that also answers GET /version (scripted as `version`)."""
+
+    def server_version(self):
+        return self._answer("version")
+
+
+def placer_on_a_server_without_dra(mode: str, version) -> tuple[Placer, VersionedApi]:
+    """A Placer whose core watches have listed and whose DRA watches have just found
+    resource.k8s.io/v1 missing (their 404), as on an API server before 1.34."""
+    import informers
+    from config import BindConfig
+
+    api = VersionedApi(version=[version])
+    placer = Placer(api, BindConfig(device_mode=mode))
+    placer._started = True
+    placer._records_checked.set()
+    slept, informers.NOT_SERVED_RETRY_SECONDS = informers.NOT_SERVED_RETRY_SECONDS, 0
+    try:
+        for informer in placer.views.informers:
+            if informer.optional:
+                informer._not_served()
+            else:
+                informer.synced.set()
+    finally:
+        informers.NOT_SERVED_RETRY_SECONDS = slept
+    return placer, api
+
+
+def test_dra_mode_on_an_api_server_without_dra_is_not_ready_naming_the_version_it_needs(caplog):
+    with caplog.at_level("INFO", logger="bind"):
+        placer, api = placer_on_a_server_without_dra("dra", {"gitVersion": "v1.33.4", "major": "1", "minor": "33"})
+    readiness = placer.readiness()
+    assert not readiness.ready
+    assert readiness.message == ("device env mode dra (DEVICE_ENV_MODE) needs resource.k8s.io/v1 (Kubernetes 1.34 or"
+                                 " newer); this API server is v1.33.4 and does not serve it: set the chart's"
+                                 " deviceEnvMode to cuda or nvidia (DEVICE_ENV_MODE of bind and mutate), or upgrade to"
+                                 " 1.34 or newer")
+    assert len(api.called("version")) == 1, "/version read once, for both DRA watches"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"not ready: {readiness.message}"], "one log line"
+    # nothing is placed meanwhile (a cuda pod neither): bind is not started, as it is not ready
+    assert placer.place(copy.deepcopy(POD)).outcome["result"] == "Retry" and api.called("bind") == []
+
+
+@pytest.mark.parametrize("answer", [api_error(0, "cannot reach the Kubernetes API"), api_error(403), ValueError("not JSON")])
+def test_dra_mode_whose_api_server_version_cannot_be_read_is_not_ready_all_the_same(answer):
+    placer, _ = placer_on_a_server_without_dra("dra", answer)
+    readiness = placer.readiness()
+    assert not readiness.ready and "this API server (its version could not be read) and does not serve it" in readiness.message
+
+
+@pytest.mark.parametrize("mode", ["cuda", "nvidia"])
+def test_other_modes_on_an_api_server_without_dra_stay_ready_with_empty_dra_views(mode):
+    placer, api = placer_on_a_server_without_dra(mode, {"gitVersion": "v1.33.4"})
+    assert placer.readiness().ready and api.called("version") == []
+
+
+# -- a pod naming an upstream PodGroup (spec.schedulingGroup, Kubernetes 1.36+) -----------------------
+def upstream_pod() -> dict:
+    pod = copy.deepcopy(POD)
+    pod["spec"]["schedulingGroup"] = {"podGroupName": "train-group"}
+    return pod
+
+
+def notices(api) -> list[dict]:
+    return [body for (namespace, body), _ in api.called("create_event") if body["reason"] == "UpstreamPodGroupIgnored"]
+
+
+def test_a_pod_naming_an_upstream_podgroup_is_placed_as_always_with_one_warning_event():
+    placer, api = placer_with()
+    assert placed(placer, upstream_pod())["result"] == "Bound"
+    [notice] = notices(api)
+    assert notice["type"] == "Warning" and notice["involvedObject"]["uid"] == POD["metadata"]["uid"]
+    assert notice["message"].startswith("the pod names PodGroup 'train-group' (spec.schedulingGroup.podGroupName),"
+                                        " but gpu-scheduler does not run upstream gangs (PodGroups)")
+    assert "gpu-scheduler/gang" in notice["message"]
+    assert [reason for reason, _ in event_reasons(api)].count("Scheduled") == 1
+
+
+def test_the_upstream_podgroup_notice_is_written_once_however_many_attempts():
+    """Refused while its node is missing, attempt after attempt, then bound: the FailedScheduling
+    Event counts up, the notice is written once."""
+    placer, api = placer_with(nodes=())
+    for _ in range(3):
+        assert placed(placer, upstream_pod())["result"] == "Unschedulable"
+    placer.views.handlers.replace_nodes([[NODE]])
+    assert placed(placer, upstream_pod())["result"] == "Bound"
+    [notice] = notices(api)
+    assert notice["metadata"]["name"] not in [name for (namespace, name, patch), _ in api.called("patch_event")]
+
+
+def test_a_gated_pod_naming_an_upstream_podgroup_gets_no_event_until_it_is_tried():
+    """PreEnqueue holds a gated pod back silently (kube-scheduler's rule): no notice either."""
+    placer, api = placer_with()
+    gated = upstream_pod()
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/wait"}]
+    assert placed(placer, gated)["result"] == "SchedulingGated"
+    assert api.called("create_event") == []
+
+
+def test_a_pod_naming_no_podgroup_gets_no_notice():
+    placer, api = placer_with()
+    placed(placer)
+    assert notices(api) == []
+
+
+def test_bind_s_pod_watch_keeps_spec_scheduling_group():
+    """bind reads pods through kubeapi.projection.PODS: the notice needs the field kept."""
+    from gpu_scheduler.notices import pod_notices
+
+    decoded = PODS.object(json.dumps(upstream_pod()).encode())
+    assert pod_notices(decoded)

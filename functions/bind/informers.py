@@ -29,18 +29,39 @@ class WatchGone(Exception):
     """The API server ended a watch with an ERROR event (410 Gone, mostly)."""
 
 
+class Requirement:
+    """An optional kind that the configuration cannot do without (DRA's, in device env mode dra):
+    when the API server does not serve it, bind is not ready, and `why()` says so in words naming
+    the fix. Worked out and logged by the first watch that finds it missing, once (what it reads,
+    the API server's version, is read once), and said the same by every other watch of it."""
+
+    def __init__(self, explain: Callable[[], str]):
+        self._explain = explain
+        self._lock = threading.Lock()
+        self._said = ""
+
+    def why(self) -> str:
+        with self._lock:
+            if not self._said:
+                self._said = self._explain()
+                log.error("not ready: %s", self._said)
+            return self._said
+
+
 class Informer:
     """Keeps a view (`replace(pages) -> version` and `apply(type, object)`) current from
     `list_pages()` and `watch(version, seconds)`. `synced` is set once the first listing is in."""
 
     def __init__(self, name: str, list_pages: Callable[[], Pages], watch: Callable[[str, int], Events],
                  replace: Callable[[Iterable[list[dict]]], None], apply: Callable[[str, Mapping[str, Any]], None],
-                 optional: bool = False):
+                 optional: bool = False, required: Requirement | None = None):
         self.name = name
         self._events_counted = WATCH_EVENTS.labels(name)  # once: labels() costs a lookup per event
         # An optional kind (DRA's, before Kubernetes 1.34) that the API server answers 404 for is an
         # empty view, synced, so that readiness does not wait for an API that will not come.
         self.optional = optional
+        # ...unless the configuration requires it: then not synced, its problem why.
+        self.required = required
         self.served = True
         self._list, self._watch, self._replace, self._apply = list_pages, watch, replace, apply
         self.synced = threading.Event()
@@ -75,6 +96,11 @@ class Informer:
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
 
     def _not_served(self) -> None:
+        if self.required is not None:  # never synced: readiness says why, and the view stays unlisted
+            self.served = False
+            self.problem = self.required.why()
+            time.sleep(NOT_SERVED_RETRY_SECONDS)
+            return
         if self.served:
             log.warning("not served by the API server: an empty view until it is",
                         extra={"view": self.name, "retry_in_s": NOT_SERVED_RETRY_SECONDS})

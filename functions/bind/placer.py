@@ -21,12 +21,14 @@ import prometheus_client as prom
 from gpu_scheduler.binding import (
     ALREADY_BOUND, BOUND, GONE, PENDING_SELECTOR, REPLACED, Ignore, Unplaceable, bind_decision,
 )
+from gpu_scheduler.devices import DRA
 from gpu_scheduler.events import (
     FAILED_SCHEDULING, NORMAL, PLUGIN_ANNOTATION, SCHEDULED, SCHEDULER_ERROR, UNSCHEDULABLE, WARNING, PodRef,
     scheduled_message,
 )
 from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code
 from gpu_scheduler.framework.runtime import PERMIT, PRE_BIND, PRE_ENQUEUE, RESERVE, CycleOutcome, Outcome
+from gpu_scheduler.notices import pod_notices
 from gpu_scheduler.plugins.config import SchedulerConfig
 from gpu_scheduler.plugins.defaultbinder import POD_CHANGED
 from gpu_scheduler.plugins.registry import new_framework
@@ -36,8 +38,9 @@ from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 from kubeapi.projection import PODS
 from advertiser import NodeAdvertiser
-from config import BindConfig, ConfigError
+from config import BindConfig, ConfigError, dra_mode_unserved
 from handle import AttemptHandle
+from informers import Requirement
 from metrics import ATTEMPT_DURATION, PREEMPTION_ATTEMPTS, SCHEDULE_ATTEMPTS
 from recorder import Recorder
 from schedqueue import SchedulingQueue
@@ -53,6 +56,17 @@ EVENT_WAIT_SECONDS = 8  # an event for a pod being placed waits for that attempt
 RESYNC_WAIT_SECONDS = 20  # a ping waits this long for the outcomes of the pods it found
 GANG_BINDINGS_IN_FLIGHT = 16
 RECORDS_CHECK_SECONDS = 10  # how often a failing check that bind may write its records is made again
+
+
+def server_version(api: Kube) -> Mapping[str, Any]:
+    """The API server's /version (gitVersion, major, minor, ...), {} when it cannot be read. Every
+    authenticated user may read it (ClusterRole system:public-info-viewer): bind needs no grant."""
+    try:
+        answer = api.server_version()
+    except (APIError, ValueError) as error:  # no answer, or not JSON: the message says unknown
+        log.info("reading the API server's version", extra={"detail": str(error)[:200]})
+        return {}
+    return answer if isinstance(answer, dict) else {}
 
 
 @dataclasses.dataclass
@@ -94,9 +108,13 @@ class Placer:
         self._recheck = threading.Event()
         if api is not None:
             self.queue = SchedulingQueue()
+            # Device env mode dra: every pod that chooses no other mode needs DRA's kinds, so bind
+            # is not ready without them rather than refusing every such pod (Requirement).
+            dra_required = (Requirement(lambda: dra_mode_unserved(server_version(api)))
+                            if self.config.device_mode == DRA else None)
             self.views = Views(api, self.namespace, self.queue, dra=self.config.dra_enabled,
                                admits=lambda pod: self.framework.pre_enqueue(pod).ok,
-                               quotas=self.config.scheduler.quota)
+                               quotas=self.config.scheduler.quota, dra_required=dra_required)
             self.recorder = Recorder(api, self.config.identity)
 
     @classmethod
@@ -321,8 +339,11 @@ class Placer:
             return Attempt(self._ignored(decision.why))
         ref = PodRef.of(pod)
         if not isinstance(decision, Unplaceable) and not self.views.synced():
-            # never decide on a partial view; the queue tries again shortly
-            return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet"), retry=True)
+            # never decide on a partial view; the queue tries again shortly. Logged at debug: readiness
+            # and its own log line say why, where it lasts (device env mode dra without DRA's API),
+            # and every pending pod would otherwise log this at each retry
+            return Attempt(self._report(ref, RETRY, "bind's view of the cluster is not listed yet", quiet=True),
+                           retry=True)
         started = time.perf_counter()
         began = self.queue.moves()
         cycle = self.framework.schedule(pod, self._handle(pod))
@@ -350,6 +371,10 @@ class Placer:
         status = outcome.status
         if outcome.phase == PRE_ENQUEUE:  # held back (its scheduling gates): nothing written, not queued
             return Attempt(self._report(ref, status.reason, status.message, plugin=status.plugin))
+        # What the pod asks for that gpu-scheduler does not do (an upstream PodGroup): said once,
+        # at its first cycle, whatever the cycle came to
+        for reason, notice in pod_notices(outcome.pod):
+            self.recorder.event_once(ref, WARNING, reason, notice)
         if status.code is Code.SUCCESS:
             if status.already_bound:
                 return Attempt(self._report(ref, ALREADY_BOUND, status.message, outcome.node))
@@ -464,14 +489,15 @@ class Placer:
         ATTEMPT_DURATION.labels(result).observe(time.perf_counter() - started)
 
     def _report(self, ref: PodRef, outcome: str, message: str, node: str = "", elapsed: float | None = None,
-                plugin: str = ""):
+                plugin: str = "", quiet: bool = False):
         OUTCOMES.labels(outcome).inc()
         fields = {"pod": str(ref), "uid": ref.uid, "node": node, "decision": outcome, "detail": message}
         if plugin:
             fields["plugin"] = plugin
         if elapsed is not None:
             fields["latency_ms"] = round(elapsed * 1000, 1)
-        log.log(logging.INFO if outcome in SUCCESS else logging.WARNING, "placement", extra=fields)
+        level = logging.DEBUG if quiet else logging.INFO if outcome in SUCCESS else logging.WARNING
+        log.log(level, "placement", extra=fields)
         result = {"result": outcome, "pod": str(ref)}
         if node:
             result["node"] = node

@@ -34,6 +34,8 @@ class Recorder:
         self._counts: OrderedDict[str, int] = OrderedDict()  # Event name -> count written
         self._conditions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # pod uid -> written
         self._keyed: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # (uid, reason, key) -> last message
+        self._once: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (uid, reason) of each event_once written
+        self._once_lock = threading.Lock()
         self._later: dict[str, tuple[float, tuple]] = {}  # pod uid -> (when asked, event_later's arguments)
         self._later_lock = threading.Lock()
         self._later_thread: threading.Thread | None = None
@@ -56,6 +58,17 @@ class Recorder:
         if key:
             self._remember(self._keyed, (pod.uid, reason, key), message)
         self._submit(lambda: self._write_event(pod, kind, reason, message, action, annotations, key))
+
+    def event_once(self, pod: PodRef, kind: str, reason: str, message: str, action: str = "Scheduling") -> None:
+        """An Event the pod gets once from this instance, however many attempts it takes (a
+        notice: gpu_scheduler/notices.py). Remembered by (pod, reason) as the other Events are, so
+        a pod forgotten past `remembered`, or another instance, counts the same Event up rather
+        than adding one. Supersedes nothing: what event_later holds for the pod still comes."""
+        with self._once_lock:
+            if (pod.uid, reason) in self._once:
+                return
+            self._remember(self._once, (pod.uid, reason), True)
+        self._submit(lambda: self._write_event(pod, kind, reason, message, action))
 
     def event_later(self, pod: PodRef, kind: str, reason: str, message: str, annotations: dict[str, str],
                     key: str, condition: tuple[str, str] | None = None) -> None:

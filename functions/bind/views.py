@@ -22,7 +22,7 @@ from gpu_scheduler.plugins.gang import WorkloadMembers
 from gpu_scheduler.records import RECORD_SELECTOR, Record
 from cache import Cache, PendingPod
 from eventhandlers import EventHandlers
-from informers import Informer
+from informers import Informer, Requirement
 from kubeapi import projection
 from schedqueue import SchedulingQueue
 
@@ -31,7 +31,10 @@ NOT_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
 
 class Views:
     def __init__(self, api, namespace: str, queue: SchedulingQueue, dra: bool = True,
-                 admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True, quotas: bool = False):
+                 admits: Callable[[Mapping[str, Any]], bool] = lambda pod: True, quotas: bool = False,
+                 dra_required: Requirement | None = None):
+        """`dra_required`: DRA's kinds are needed (device env mode dra): not served, bind is not
+        ready, saying why; without it they are optional, an empty view where not served."""
         self.api, self.namespace, self.queue = api, namespace, queue
         self.dra = dra
         self.informers: list[Informer] = []
@@ -63,9 +66,9 @@ class Views:
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
-                         handlers.replace_slices, handlers.apply_slice, optional=True),
+                         handlers.replace_slices, handlers.apply_slice, optional=True, required=dra_required),
                 Informer("resourceclaims", api.list_resource_claims, api.watch_resource_claims,
-                         handlers.replace_claims, handlers.apply_claim, optional=True),
+                         handlers.replace_claims, handlers.apply_claim, optional=True, required=dra_required),
             ]
 
     @property
@@ -87,7 +90,7 @@ class Views:
     def sync_problem(self) -> str:
         """Why the views are not listed yet, in words (readiness)."""
         waiting = [i for i in self.informers if not i.synced.is_set()]
-        problems = [i.problem for i in waiting if i.problem]
+        problems = list(dict.fromkeys(i.problem for i in waiting if i.problem))  # one kind's missing API: said once
         return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
     # -- reads, for placement (the cache's) ------------------------------------------------------

@@ -27,7 +27,7 @@ from ..framework.interface import (
     PreFilterPlugin, PreFilterResult, Status, unresolvable, unschedulable,
 )
 from ..fit import GANG_ANNOTATION, gang_key, workload
-from ..placement import map_text, metadata
+from ..placement import map_text, metadata, spec
 from ..podindex import LWS_SIZE_ANNOTATION, IndexUnknown, pod_index
 from ..schedmap import MapError, parse_map, shown
 
@@ -36,6 +36,10 @@ NAME = "Gang"
 GANG_SIZE = "gpu-scheduler/gang-size"
 SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
 MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
+# kube-scheduler's own gangs (Kubernetes 1.36+, feature gate GenericWorkload): a pod names its
+# PodGroup in spec.schedulingGroup.podGroupName. bind does not run them; the Warning Event it
+# gives such a pod once (upstream_gang_notice) has this reason.
+UPSTREAM_POD_GROUP = "UpstreamPodGroupIgnored"
 
 
 class GangError(ValueError):
@@ -96,6 +100,29 @@ def _entries(text: str) -> int:
         return len(parse_map(text))
     except MapError:
         return 0
+
+
+def upstream_pod_group(pod: Mapping[str, Any]) -> str | None:
+    """The upstream PodGroup the pod names (spec.schedulingGroup.podGroupName), or None."""
+    group = spec(pod).get("schedulingGroup")
+    name = group.get("podGroupName") if isinstance(group, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def upstream_gang_notice(pod: Mapping[str, Any]) -> str | None:
+    """What a pod that names an upstream PodGroup is told (None for any other): bind places it as
+    always, with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
+    kube-scheduler, whose PodGroups they are, does not place this pod either."""
+    group = upstream_pod_group(pod)
+    if group is None:
+        return None
+    annotations = metadata(pod).get("annotations")
+    asked = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
+    placed = (f"this pod is placed with its gang {gang_name(pod)}" if asked not in (None, "false")
+              else f"this pod is placed on its own (to place replicas together, set {GANG_ANNOTATION} on the pod"
+                   " template)")
+    return (f"the pod names PodGroup {shown(group)} (spec.schedulingGroup.podGroupName), but gpu-scheduler does not"
+            f" run upstream gangs (PodGroups): its gangs are the {GANG_ANNOTATION} annotation's; {placed}")
 
 
 def gang_name(pod: Mapping[str, Any]) -> str:

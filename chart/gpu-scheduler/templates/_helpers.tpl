@@ -142,6 +142,9 @@ affinity:
   value: {{ .Values.quota.enabled | quote }}
 - name: GPU_SCHEDULER_DRA
   value: {{ .Values.dra.enabled | quote }}
+{{- /* mutate's default device env mode: in dra, bind is not ready where resource.k8s.io/v1 is not served */}}
+- name: DEVICE_ENV_MODE
+  value: {{ .Values.deviceEnvMode | quote }}
 - name: GPU_SCHEDULER_DRA_DEVICE_CLASS
   value: {{ .Values.dra.deviceClass | quote }}
 {{- with .Values.dra.deviceRules }}
