@@ -4,8 +4,9 @@ within 2 s). A figure printed next to its goal, never asserted.
 On the local control plane, with bind stopped (nothing places the pending pods):
 - nodes without kubelets (scale.node_names, 8 GPUs each; kept Ready by renewing their Leases in
   kube-node-lease, as kubelets do), the pods bound at creation as bench.scale makes them
-  (scale.bulk_pod: 20 per node at 1000 nodes and 20000 pods, the first four on each node holding
-  GPUs 0-3 with the `gpu-scheduler/devices` annotation bind's Binding writes), spread over
+  (scale.bulk_pod: 20 per node at 1000 nodes and 20000 pods, the first four on each node
+  gpu-scheduler's, holding GPUs 0-3 with the `gpu-scheduler/devices` annotation bind's Binding
+  writes), spread over
   NAMESPACES namespaces, and bind's device record (a Lease in its namespace) for every GPU held;
 - `pending` pods of gpu-scheduler (not bound; their map entries name a GPU each: every other one a
   GPU held (explain: it waits), the rest a free one, 6 or 7 (explain: bind)), spread over the
@@ -248,7 +249,7 @@ class Split:
         def calling(api, method, path, *args, **kwargs):
             if api is not self.ignore:
                 query = kwargs.get("query") or (args[2] if len(args) > 2 else None)
-                self.calls[_call_kind(method, path, query)] += 1
+                self.calls[_call_kind(method, path, query, kwargs.get("accept", ""))] += 1
             return saved["call"](api, method, path, *args, **kwargs)
         try:
             for step, (owner, attr) in originals.items():
@@ -266,9 +267,10 @@ class Split:
         return total
 
 
-def _call_kind(method: str, path: str, query) -> str:
-    """What a call reads: `list pods` (a page of every namespace's), `list pods, fieldSelector`,
-    `list pods of a namespace`, `get pod`, `get node`, ..."""
+def _call_kind(method: str, path: str, query, accept: str = "") -> str:
+    """What a call reads: `list pods` (a page of every namespace's), `list pods of a node`, `list
+    pods, <field selector>`, `list pods of a namespace`, `get pod`, `get node`, ... (`, metadata
+    only` where only the objects' metadata is asked for)."""
     parts = path.split("?")[0].strip("/").split("/")
     query = query or {}
     verb = {"GET": "get"}.get(method, method)
@@ -279,7 +281,11 @@ def _call_kind(method: str, path: str, query) -> str:
         return f"{verb} {rest[0].removesuffix('s')}" + (f" {'/'.join(rest[2:])}" if len(rest) > 2 else "")
     if len(parts) >= 2 and parts[-2] in ("nodes", "namespaces"):
         return f"{verb} {parts[-2].removesuffix('s')}"
-    return f"list {parts[-1]}" + (", fieldSelector" if query.get("fieldSelector") else "")
+    selector = query.get("fieldSelector") or ""
+    if selector.startswith("spec.nodeName=") and "," not in selector:
+        return f"list {parts[-1]} of a node"
+    return (f"list {parts[-1]}" + (f", {selector}" if selector else "")
+            + (", metadata only" if "PartialObjectMetadata" in accept else ""))
 
 
 def profile_once(argv: list[str], into: Path, header: str) -> None:
