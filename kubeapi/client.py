@@ -281,8 +281,8 @@ class Kube:
                        field_selector: str = "") -> Iterator[tuple[str, dict, int]]:
         return self.watch("/api/v1/pods", resource_version, seconds, projection, fieldSelector=field_selector)
 
-    def list_nodes(self, projection: Decoder | None = None) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages("/api/v1/nodes", projection)
+    def list_nodes(self, projection: Decoder | None = None, paged: bool = True) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages("/api/v1/nodes", projection, paged=paged)
 
     def watch_nodes(self, resource_version: str, seconds: int,
                     projection: Decoder | None = None) -> Iterator[tuple[str, dict, int]]:
@@ -292,8 +292,8 @@ class Kube:
     def _leases(namespace: str) -> str:
         return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
 
-    def list_leases(self, namespace: str, label_selector: str) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages(self._leases(namespace), labelSelector=label_selector)
+    def list_leases(self, namespace: str, label_selector: str, paged: bool = True) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(self._leases(namespace), paged=paged, labelSelector=label_selector)
 
     def watch_leases(self, namespace: str, label_selector: str, resource_version: str,
                      seconds: int) -> Iterator[tuple[str, dict, int]]:

@@ -103,7 +103,8 @@ class Reads:
 
         api = self.api
         # Records first: a record's pod absent from the pods listed after it is gone (as bind rules).
-        leases = [lease for page, _ in api.list_leases(self.records_namespace, RECORD_SELECTOR) for lease in page]
+        leases = [lease for page, _ in api.list_leases(self.records_namespace, RECORD_SELECTOR, paged=False)
+                  for lease in page]
 
         def ours(selector: str) -> list[dict]:
             return [pod for page, _ in api.list_all_pods(POD_TIMES, f"{OURS},{selector}", paged=False) for pod in page]
@@ -112,7 +113,7 @@ class Reads:
             listed_pending = pool.submit(ours, "spec.nodeName=")
             listed_others = pool.submit(lambda: [p for page, _ in api.list_all_pod_metadata(OTHERS, POD_METADATA, paged=False)
                                                  for p in page])
-            listed_nodes = pool.submit(lambda: [n for page, _ in api.list_nodes(projection=NODES) for n in page])
+            listed_nodes = pool.submit(lambda: [n for page, _ in api.list_nodes(NODES, paged=False) for n in page])
             listed_slices = pool.submit(self._slices)
             pending = listed_pending.result()
             # Our bound pods after the pending ones, so that a pod bound in between is in one listing
