@@ -35,6 +35,7 @@ RESOURCE = {
     "list_events": lambda ns, name: ["api", "v1", "namespaces", ns, "events"],
     "list_pods": lambda ns, name: ["api", "v1", "pods"],
     "list_all_pods": lambda ns, name: ["api", "v1", "pods"],
+    "list_all_pod_metadata": lambda ns, name: ["api", "v1", "pods"],
     "list_namespaced_pods": lambda ns, name: ["api", "v1", "namespaces", ns, "pods"],
     "watch_all_pods": lambda ns, name: ["api", "v1", "pods"],
     "list_nodes": lambda ns, name: ["api", "v1", "nodes"],
@@ -103,7 +104,7 @@ def test_every_call_is_covered():
 def call(client: Kube, method: str, namespace: str, name: str) -> None:
     arguments = {"namespace": namespace, "name": name, "binding": {}, "patch": {}, "event": {},
                  "field_selector": "x=y", "label_selector": "x=y", "lease": {}, "review": {}, "claim": {}, "cached": True, "dry_run": True, "resource_version": "1", "seconds": 1, "limit": 1, "uid": "u",
-                 "projection": None}
+                 "projection": None, "paged": True}
     parameters = inspect.signature(getattr(client, method)).parameters
     answer = getattr(client, method)(**{p: arguments[p] for p in parameters})
     if inspect.isgenerator(answer):  # a watch: its request is made when it is read
