@@ -34,6 +34,9 @@ BIND = frozenset({
     ("resource.k8s.io", "resourceclaims", "create"),         # the pod's claim, <pod>-gpus
     ("resource.k8s.io", "resourceclaims", "update"),         # its finalizer, before allocating
     ("resource.k8s.io", "resourceclaims/status", "update"),  # its allocation and reservation for the pod
+    # From 1.36 (DRAResourceClaimGranularStatusAuthorization) that status update's allocation and
+    # reservedFor need `update` on this synthetic subresource too, cluster-wide.
+    ("resource.k8s.io", "resourceclaims/binding", "update"),
 })
 # What bind uses only with quotas on (GPU_SCHEDULER_QUOTA; the chart's quota.enabled): the chart grants
 # it only then, and mutate (MUTATE_QUOTA) likewise.

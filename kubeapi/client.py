@@ -60,6 +60,7 @@ CALLS = {
     "read_pod": ("", "pods", "get"),
     "list_pods": ("", "pods", "list"),
     "list_all_pods": ("", "pods", "list"),
+    "list_all_pod_metadata": ("", "pods", "list"),
     "list_namespaced_pods": ("", "pods", "list"),
     "watch_all_pods": ("", "pods", "watch"),
     "patch_pod_status": ("", "pods/status", "patch"),
@@ -95,6 +96,12 @@ CALLS = {
     "watch_resource_quotas": ("", "resourcequotas", "watch"),
     "delete_cluster_role_binding": ("rbac.authorization.k8s.io", "clusterrolebindings", "delete"),
     "delete_role_binding": ("rbac.authorization.k8s.io", "rolebindings", "delete"),
+}
+# What a call needs besides its own method's grant: from 1.36 (DRAResourceClaimGranularStatusAuthorization)
+# a claim's status update that changes its allocation or reservedFor also needs `update` on the
+# synthetic resourceclaims/binding, cluster-wide.
+ALSO_NEEDS = {
+    "update_resource_claim_status": (("resource.k8s.io", "resourceclaims/binding", "update"),),
 }
 
 
