@@ -3,8 +3,31 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The versions the local stack builds and runs (localcp/versions.env holds the defaults: Kubernetes
+# v1.37.2, JobSet v0.11.1, LeaderWorkerSet v0.8.0, Kueue v0.17.0): `make demo K8S=v1.33.13`,
+# `make test K8S=v1.35.4 JOBSET=v0.10.1 LWS=v0.7.0`. Each version is built once into a directory of
+# its own under ~/.cache/gpu-scheduler, beside the others. Passed on as the environment variables
+# the scripts and localcp/*.py read (set directly, they work as well).
+K8S ?=
+JOBSET ?=
+LWS ?=
+KUEUE ?=
+ifneq ($(K8S),)
+export GPU_SCHEDULER_K8S := $(K8S)
+endif
+ifneq ($(JOBSET),)
+export GPU_SCHEDULER_JOBSET := $(JOBSET)
+endif
+ifneq ($(LWS),)
+export GPU_SCHEDULER_LWS := $(LWS)
+endif
+ifneq ($(KUEUE),)
+export GPU_SCHEDULER_KUEUE := $(KUEUE)
+endif
+# make demo WORKLOAD=jobset|lws|kueue: that controller, built (once) for the demo
+DEMO_CONTROLLERS := $(filter jobset lws kueue,$(WORKLOAD))
 
-.PHONY: demo test unit venv controlplane bench install manifests release clean
+.PHONY: demo test unit venv stack controlplane workloads bench test-compat install manifests release clean
 .DEFAULT_GOAL := demo
 
 $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functions/mutate/requirements.txt pyproject.toml
@@ -16,10 +39,17 @@ $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functio
 
 venv: $(VENV)/.installed
 
-controlplane:  ## build Kubernetes 1.34 and its DRA test driver, fetch etcd, containerd, runc, CNI plugins (once, cached)
+stack:  ## build what a stack runs, at K8S (once, cached): Kubernetes and its DRA test driver (1.34+), etcd, containerd, runc, CNI plugins, the images' base
+	@bash localcp/build.sh --stack
+
+controlplane:  ## build everything make test and make bench use (once, cached): the stack's parts, helm, the workload controllers, Argo CD's CRDs
 	@bash localcp/build.sh
 
-demo: venv controlplane  ## the seed StatefulSet, placed on the local control plane (DRA=1: in DRA mode, through the test driver; GANG=1: as a gang, blocked whole by a held GPU, then placed whole; PREEMPT=1: at high priority, preempting a low-priority holder; WORKLOAD=jobset or WORKLOAD=lws: instead of the seed, examples/jobset-torchrun.yaml or examples/lws-vllm.yaml run by the real JobSet or LeaderWorkerSet controller, with the check container; WORKLOAD=deployment: examples/deployment-vllm.yaml with the check container, a pool of 4 entries: each pod's entry, node, devices and log line, then a rollout (maxSurge 0) and the new pods the same way; WORKLOAD=kueue: two pinned Jobs of examples/kueue/ through the real Kueue, one ClusterQueue of 8 GPUs: the second waits until the first is deleted)
+workloads:  ## build the JobSet, LeaderWorkerSet and Kueue controllers at JOBSET, LWS, KUEUE (once, cached)
+	@bash localcp/build-workloads.sh
+
+demo: venv stack  ## the seed StatefulSet, placed on the local control plane (DRA=1: in DRA mode, through the test driver; GANG=1: as a gang, blocked whole by a held GPU, then placed whole; PREEMPT=1: at high priority, preempting a low-priority holder; WORKLOAD=jobset or WORKLOAD=lws: instead of the seed, examples/jobset-torchrun.yaml or examples/lws-vllm.yaml run by the real JobSet or LeaderWorkerSet controller, with the check container; WORKLOAD=deployment: examples/deployment-vllm.yaml with the check container, a pool of 4 entries: each pod's entry, node, devices and log line, then a rollout (maxSurge 0) and the new pods the same way; WORKLOAD=kueue: two pinned Jobs of examples/kueue/ through the real Kueue, one ClusterQueue of 8 GPUs: the second waits until the first is deleted)
+	$(if $(DEMO_CONTROLLERS),@bash localcp/build-workloads.sh $(DEMO_CONTROLLERS))
 	$(PY) -m localcp.demo $(if $(DRA),--dra,) $(if $(GANG),--gang,) $(if $(PREEMPT),--preempt,) $(if $(WORKLOAD),--workload $(WORKLOAD),)
 
 test: venv controlplane  ## every test: unit, HTTP, offline manifests, and the local control plane
@@ -30,6 +60,13 @@ unit: venv  ## the tests that need no control plane
 
 bench: venv controlplane  ## benchmarks on the local control plane (SMOKE=1: small and quick; NO_REAL_NODES=1: skip the four real nodes; SCALE=1: 1000 nodes, 20000 pods)
 	$(PY) -m bench.run $(if $(SMOKE),--smoke,) $(if $(NO_REAL_NODES),--no-real-nodes,) $(if $(SCALE),--scale,)
+
+# VERSIONS=v1.33.13,v1.37.2 and FEATURES=fit,gangs (names: python -m localcp.compat --list) run a
+# subset, whose page goes to ~/.cache/gpu-scheduler/compat/ rather than docs/compatibility.md.
+VERSIONS ?=
+FEATURES ?=
+test-compat: venv  ## the cluster tests feature by feature on each Kubernetes minor 1.33 to 1.37 (each built once), and on JobSet v0.10.1 / LWS v0.7.0: docs/compatibility.md
+	$(PY) -m localcp.compat $(if $(VERSIONS),--versions $(VERSIONS)) $(if $(FEATURES),--features $(FEATURES))
 
 # The chart on the cluster of your kubectl context (docs/install.md): Knative Serving and
 # Eventing and cert-manager must be there. VALUES: your values file (at least the two images).

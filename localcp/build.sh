@@ -1,51 +1,49 @@
 #!/usr/bin/env bash
 # Builds the real upstream components the local stack runs, once, into a cache outside the repo
-# keyed by version; exits at once when they are there.
-#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet v1.34.0 (the
-#     kind node image's version) from a small generated Go module that requires
-#     k8s.io/kubernetes v1.34.0, its staging modules replaced by their v0.34.0 releases
-#     (localcp/k8smodule.sh says why).
+# keyed by version; each piece is skipped when it is there, so a second run takes a second.
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet at the
+#     Kubernetes version of the setting GPU_SCHEDULER_K8S (localcp/versions.env, default v1.37.2;
+#     `make K8S=v1.33.13`), from a small generated Go module that requires k8s.io/kubernetes at it,
+#     its staging modules replaced by their v0.N.M releases (localcp/k8smodule.sh says why), into
+#     ~/.cache/gpu-scheduler/k8s-<version>/bin: one directory per version, beside the others.
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
-# Sibling scripts add the nodes' parts, helm, the DRA test driver, the workload controllers
-# (JobSet, LeaderWorkerSet) and Argo CD's CRDs.
+# Sibling scripts add the nodes' parts, the DRA test driver (same version; from 1.34, the first
+# that serves resource.k8s.io/v1), helm, the workload controllers (JobSet, LeaderWorkerSet,
+# Kueue) and Argo CD's CRDs.
+#   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
+#   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
+#                                   nodes' parts and the DRA test driver; not helm, the workload
+#                                   controllers (bash localcp/build-workloads.sh [jobset|lws|kueue]...)
+#                                   or Argo CD's CRDs
+# K8S_VERSION=<v> names the Kubernetes version of one call, before GPU_SCHEDULER_K8S.
 # Modules come through the machine's own Go proxy configuration; Debian packages through the
 # mirror its apt sources name.
 set -euo pipefail
-K8S_VERSION="${K8S_VERSION:-v1.34.0}"
+HERE="$(dirname "${BASH_SOURCE[0]}")"
+# shellcheck source=localcp/versions.sh
+source "$HERE/versions.sh"
 ETCD_SUITE=trixie
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
 BIN="$CACHE/k8s-$K8S_VERSION/bin"
 ETCD_DIR="$CACHE/etcd-$ETCD_SUITE"
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
+stack_only=false
+case "${1:-}" in
+  '') ;;
+  --stack) stack_only=true ;;
+  *) echo "usage: bash localcp/build.sh [--stack]" >&2; exit 2 ;;
+esac
+
 log() { echo "control plane: $*"; }
 have_k8s() { for b in "${COMPONENTS[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
 have_etcd() { [ -x "$ETCD_DIR/bin/etcd" ]; }
-# Real nodes: containerd, runc, CNI plugins and the check image's base (a sibling script).
-bash "$(dirname "${BASH_SOURCE[0]}")/build-node.sh"
-# helm, for the chart (chart/gpu-scheduler): here rather than last, as the line below exits early.
-bash "$(dirname "${BASH_SOURCE[0]}")/build-helm.sh"
-# Kubernetes' DRA test driver, the real nodes' DRA kubelet plugin (likewise before the exit).
-bash "$(dirname "${BASH_SOURCE[0]}")/build-dra.sh"
-# The real JobSet and LeaderWorkerSet controllers with their CRDs and webhooks, which
-# localcp/workloads.py runs beside the control plane (likewise before the exit).
-bash "$(dirname "${BASH_SOURCE[0]}")/build-workloads.sh"
-# Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/ (likewise).
-bash "$(dirname "${BASH_SOURCE[0]}")/fetch-argocd-crds.sh"
-if have_k8s && have_etcd; then log "cached: $BIN, $ETCD_DIR/bin"; exit 0; fi
-
-for tool in go python3 apt-get dpkg; do
-  command -v "$tool" >/dev/null || { log "$tool is required"; exit 1; }
-done
-
-# shellcheck source=localcp/debian.sh
-source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
-# shellcheck source=localcp/k8smodule.sh
-source "$(dirname "${BASH_SOURCE[0]}")/k8smodule.sh"
 
 build_etcd() {
   local start=$SECONDS
+  # shellcheck source=localcp/debian.sh
+  source "$HERE/debian.sh"
   rm -rf "$ETCD_DIR"; mkdir -p "$ETCD_DIR/bin"
   log "etcd: etcd-server from Debian $ETCD_SUITE (private apt state in $ETCD_DIR/fetch)"
   debian_unpack "$ETCD_SUITE" "$ETCD_DIR/fetch" etcd-server
@@ -56,20 +54,42 @@ build_etcd() {
 
 build_k8s() {
   local mod="$CACHE/k8s-$K8S_VERSION/module" start=$SECONDS
+  # shellcheck source=localcp/k8smodule.sh
+  source "$HERE/k8smodule.sh"
   rm -rf "$mod"; mkdir -p "$mod" "$BIN"
-  cd "$mod"
-  log "kubernetes $K8S_VERSION: generating the build module"
-  k8s_build_module k8s-build "$K8S_VERSION"
-  local ldflags
-  ldflags=$(k8s_ldflags "$K8S_VERSION")
-  local pkgs=()
-  for b in "${COMPONENTS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-  log "kubernetes $K8S_VERSION: go build ${COMPONENTS[*]} (about 5 minutes on 2 cores, once)"
-  go build -trimpath -ldflags "$ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | sed 's/^/  [go build] /'
+  (
+    cd "$mod"
+    log "kubernetes $K8S_VERSION: generating the build module"
+    k8s_build_module k8s-build "$K8S_VERSION"
+    local ldflags
+    ldflags=$(k8s_ldflags "$K8S_VERSION")
+    local pkgs=()
+    for b in "${COMPONENTS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    log "kubernetes $K8S_VERSION: go build ${COMPONENTS[*]} (about 5 minutes on 2 cores, once)"
+    go build -trimpath -ldflags "$ldflags" -o "$BIN/" "${pkgs[@]}" 2>&1 | sed 's/^/  [go build] /'
+  )
   have_k8s || { log "the build finished without every binary in $BIN"; exit 1; }
   log "kubernetes $K8S_VERSION: built in $((SECONDS - start))s into $BIN"
 }
 
+# Real nodes: containerd, runc, CNI plugins and the check image's base (a sibling script).
+bash "$HERE/build-node.sh"
+if ! have_k8s || ! have_etcd; then
+  for tool in go python3 apt-get dpkg; do
+    command -v "$tool" >/dev/null || { log "$tool is required"; exit 1; }
+  done
+fi
 have_etcd || build_etcd
-have_k8s || build_k8s
+if have_k8s; then log "cached: $BIN, $ETCD_DIR/bin"; else build_k8s; fi
 "$BIN/kube-apiserver" --version
+# Kubernetes' DRA test driver at the same version, the real nodes' DRA kubelet plugin (a no-op
+# before 1.34: nothing there serves resource.k8s.io/v1, and the nodes run no driver).
+bash "$HERE/build-dra.sh"
+if $stack_only; then exit 0; fi
+# helm, for the chart (chart/gpu-scheduler).
+bash "$HERE/build-helm.sh"
+# The real JobSet, LeaderWorkerSet and Kueue controllers with their CRDs and webhooks, which
+# localcp/workloads.py runs beside the control plane, at GPU_SCHEDULER_JOBSET, _LWS, _KUEUE.
+bash "$HERE/build-workloads.sh"
+# Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/.
+bash "$HERE/fetch-argocd-crds.sh"

@@ -1,6 +1,10 @@
 """A real Kubernetes control plane as local processes: etcd, kube-apiserver,
-kube-controller-manager and kube-scheduler, at the users' version (KUBERNETES_VERSION, the kind node
-image's), built by localcp/build.sh.
+kube-controller-manager and kube-scheduler at KUBERNETES_VERSION, the setting GPU_SCHEDULER_K8S
+(localcp/versions.py: `make K8S=v1.33.13`; default localcp/versions.env's), built by
+localcp/build.sh into a directory of its own per version. The flags below are accepted by every
+version from 1.33 to 1.37: `--endpoint-reconciler-type none` is what lets the API server advertise
+127.0.0.1 (the reconciler would write that address into the kubernetes Service's endpoints, where
+validation refuses a loopback address), and nothing here depends on a feature gate. DRA (resource.k8s.io/v1) is served from 1.34 (DRA_SERVED).
 
 Nodes come in two kinds. By default no kubelet runs: Node objects are created by us and their
 Ready condition is kept fresh by a heartbeat thread, so the node-lifecycle controller treats them
@@ -27,11 +31,12 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import pki
+from . import pki, versions
 
 CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE", Path.home() / ".cache" / "gpu-scheduler"))
-KUBERNETES_VERSION = "v1.34.0"  # kind/cluster.yaml's node image; localcp/build.sh builds this one
+KUBERNETES_VERSION = versions.kubernetes()  # GPU_SCHEDULER_K8S; localcp/build.sh builds the same one
 BIN = CACHE / f"k8s-{KUBERNETES_VERSION}" / "bin"
+DRA_SERVED = versions.dra_served(KUBERNETES_VERSION)
 ETCD = CACHE / "etcd-trixie" / "bin" / "etcd"
 REPO = Path(__file__).resolve().parent.parent
 NODES = ("node1", "node2", "node3", "node4")
@@ -60,9 +65,16 @@ def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def ensure_built() -> None:
-    """Build the binaries once (minutes, with progress); a no-op when cached."""
-    subprocess.run(["bash", str(REPO / "localcp" / "build.sh")], check=True)
+def ensure_built(stack_only: bool = False, workloads: tuple[str, ...] = ()) -> None:
+    """Build the binaries once (minutes, with progress); a no-op when cached. By default
+    everything the tests and benchmarks use (localcp/build.sh); stack_only: only what a stack
+    runs (build.sh --stack: the control plane, etcd, the nodes' parts, the DRA test driver where
+    served), plus the workload controllers named in `workloads` (jobset, lws, kueue). At the
+    versions of localcp/versions.py, which the scripts read from the same settings."""
+    build = REPO / "localcp"
+    subprocess.run(["bash", str(build / "build.sh"), *(["--stack"] if stack_only else [])], check=True)
+    if stack_only and workloads:
+        subprocess.run(["bash", str(build / "build-workloads.sh"), *workloads], check=True)
 
 
 class ProcessFailed(RuntimeError):

@@ -59,7 +59,7 @@ import yaml
 
 from gpu_scheduler.schedmap import parse_map
 
-from .cluster import KUBERNETES_VERSION, REPO, ensure_built
+from .cluster import DRA_SERVED, KUBERNETES_VERSION, REPO, ensure_built
 from .stack import LocalStack
 from .workloads import KUEUE_NAMESPACE_LABEL
 
@@ -436,7 +436,7 @@ def main_workload(workload: str) -> int:
     path, kind, _ = WORKLOADS[workload]
     manifest = demo_workload(workload)
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
-    ensure_built()
+    ensure_built(stack_only=True, workloads=(workload,))
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          f"node1..node4 (a kubelet and a containerd each);\n    the real {kind} controller and its webhooks; "
          "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
@@ -606,7 +606,7 @@ def main_deployment() -> int:
     manifest = demo_workload("deployment")
     selector = f"{label}={manifest['metadata']['name']}"
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
-    ensure_built()
+    ensure_built(stack_only=True)
     step(f"Starting etcd, kube-apiserver, kube-controller-manager (its Deployment controller), kube-scheduler"
          f" {KUBERNETES_VERSION};\n    node1..node4 (a kubelet and a containerd each); "
          "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
@@ -791,7 +791,7 @@ def kueue_demo(stack: LocalStack) -> str | None:
 def main_kueue() -> int:
     """--workload kueue."""
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
-    ensure_built()
+    ensure_built(stack_only=True, workloads=("kueue",))
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          "node1..node4 (a kubelet and a containerd each);\n    the real Kueue and its webhooks; "
          "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
@@ -822,6 +822,9 @@ def main(argv=None) -> int:
                            " the example Deployment (examples/deployment-vllm.yaml), a pool, placed and then"
                            " rolled; kueue: two pinned Jobs (examples/kueue/) through one ClusterQueue of 8 GPUs")
     args = parser.parse_args(argv)
+    if args.dra and not DRA_SERVED:
+        parser.error(f"DRA mode needs resource.k8s.io/v1, served from Kubernetes 1.34: the stack's version is"
+                     f" {KUBERNETES_VERSION} (GPU_SCHEDULER_K8S, make K8S=)")
     if args.workload == "kueue":
         return main_kueue()
     if args.workload == "deployment":
@@ -830,7 +833,7 @@ def main(argv=None) -> int:
         return main_workload(args.workload)
     failure = None
     step("Building what the stack runs if it is not cached (first time: about 6-10 minutes)")
-    ensure_built()
+    ensure_built(stack_only=True)
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          "node1..node4 (a kubelet and a containerd each);\n"
          "    mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")

@@ -3,9 +3,11 @@ containerd (Debian trixie's 1.7, with bookworm's runc and CNI plugins; localcp/b
 which run the pods that bind places. A kubelet removes sandboxes it does not know, so nodes share
 nothing.
 
-Each node also runs Kubernetes' own DRA test driver (localcp/build-dra.sh) as its DRA kubelet
-plugin, with the kubelet's credentials (the Node authorizer lets a node manage its own
-ResourceSlices and read the claims of its pods): it publishes one ResourceSlice for the node, pool
+Each node also runs Kubernetes' own DRA test driver (localcp/build-dra.sh, at the control plane's
+version) as its DRA kubelet plugin where resource.k8s.io/v1 is served (1.34 and later,
+cluster.DRA_SERVED; before, the nodes run no driver and there is no ResourceSlice), with the
+kubelet's credentials (the Node authorizer lets a node manage its own ResourceSlices and read the
+claims of its pods): it publishes one ResourceSlice for the node, pool
 <node>, devices device-00..device-03 (as many as the node's nvidia.com/gpu; no attributes), and
 prepares a claim allocated on them by writing a CDI spec into the node's CDI directory, which
 containerd (enable_cdi) applies to the container: env claim_<claim>_<request>=true. One
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import images, pki
-from .cluster import BIN, CACHE, KUBERNETES_VERSION, NODES, ControlPlane, ProcessFailed, free_port
+from .cluster import BIN, CACHE, DRA_SERVED, KUBERNETES_VERSION, NODES, ControlPlane, ProcessFailed, free_port
 from .podnet import KUBERNETES_SERVICE, SERVICE_RANGE
 
 NODE_BIN = images.NODE_DIR / "bin"  # runc
@@ -399,7 +401,8 @@ class Nodes:
             for node in self.nodes.values():
                 node.start_kubelet()
             self.wait_ready(timeout)
-            self.start_dra()
+            if DRA_SERVED:
+                self.start_dra()
         except BaseException:
             self.stop()
             raise
@@ -410,6 +413,9 @@ class Nodes:
     def start_dra(self, timeout: float = 30) -> None:
         """The DRA test driver on every node, its DeviceClass, and each node's ResourceSlice
         published (the drivers start once the nodes exist: a slice's owner is its Node)."""
+        if not DRA_DRIVER_BIN.exists():
+            raise FileNotFoundError(f"the DRA test driver for {KUBERNETES_VERSION} is not built ({DRA_DRIVER_BIN}):"
+                                    " run bash localcp/build-dra.sh")
         for node in self.nodes.values():
             node.start_dra()
         try:

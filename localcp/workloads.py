@@ -5,9 +5,12 @@ of this machine with the admin kubeconfig, and its webhooks registered against t
 
     with WorkloadControllers(cp, kinds=("jobset", "lws", "kueue")) as controllers: ...
 
-localcp/build-workloads.sh builds the binaries (sigs.k8s.io/jobset v0.10.1, sigs.k8s.io/lws
-v0.7.0, sigs.k8s.io/kueue v0.17.0) and copies their CRD bases and webhook directories into the
-cache, once. Each controller runs with its own Configuration file: internal certificate management
+localcp/build-workloads.sh builds the binaries (sigs.k8s.io/jobset, sigs.k8s.io/lws and
+sigs.k8s.io/kueue at the versions of the settings GPU_SCHEDULER_JOBSET, GPU_SCHEDULER_LWS and
+GPU_SCHEDULER_KUEUE, localcp/versions.py: by default v0.11.1, v0.8.0 and v0.17.0; `make
+JOBSET=v0.10.1 LWS=v0.7.0` runs the earlier ones, which build and run the same way) and copies
+their CRD bases and webhook directories into the cache, once per version; the stack runs the
+build of the version set. Each controller runs with its own Configuration file: internal certificate management
 off (it would write a Secret and patch the webhook configurations for a Service that does not exist
 here), its webhook server on 127.0.0.1 with our serving certificate, a health probe port, no
 metrics server and no leader election. The webhook configurations are the upstream manifests with
@@ -46,7 +49,7 @@ from pathlib import Path
 
 import yaml
 
-from . import pki
+from . import pki, versions
 from .cluster import CACHE, ControlPlane, ProcessFailed, free_port
 
 WORKLOADS = CACHE / "workloads"  # localcp/build-workloads.sh --path
@@ -97,13 +100,13 @@ _PAUSE = {"containers": [{"name": "c", "image": "pause"}],
 
 CONTROLLERS = {
     "jobset": Controller(
-        "jobset", "v0.10.1", "config.jobset.x-k8s.io/v1alpha1", "jobset.x-k8s.io", "v1alpha2", "jobsets",
+        "jobset", versions.workload("jobset"), "config.jobset.x-k8s.io/v1alpha1", "jobset.x-k8s.io", "v1alpha2", "jobsets",
         probe={"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "webhook-probe"},
                "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
                    "template": {"spec": _PAUSE}}}}]}},
         defaulted=("spec", "network", "enableDNSHostnames")),
     "lws": Controller(
-        "lws", "v0.7.0", "config.lws.x-k8s.io/v1alpha1", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets",
+        "lws", versions.workload("lws"), "config.lws.x-k8s.io/v1alpha1", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets",
         probe={"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
                "metadata": {"name": "webhook-probe"},
                "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": _PAUSE}}}},
@@ -112,7 +115,7 @@ CONTROLLERS = {
     # resource-in-use finalizer, its validating webhook refuses a node label key with a space
     # (the CRD's schema does not check the keys).
     "kueue": Controller(
-        "kueue", "v0.17.0", "config.kueue.x-k8s.io/v1beta2", KUEUE_GROUP, "v1beta2", "resourceflavors",
+        "kueue", versions.workload("kueue"), "config.kueue.x-k8s.io/v1beta2", KUEUE_GROUP, "v1beta2", "resourceflavors",
         probe={"apiVersion": f"{KUEUE_GROUP}/v1beta2", "kind": "ResourceFlavor",
                "metadata": {"name": "webhook-probe"}, "spec": {}},
         defaulted=("metadata", "finalizers"),
@@ -168,7 +171,8 @@ class WorkloadControllers:
         began = time.monotonic()
         missing = [str(c.binary) for c in self.controllers if not c.binary.exists()]
         if missing:
-            raise FileNotFoundError(f"workload controllers not built ({', '.join(missing)}): run {BUILD_HINT}")
+            kinds = " ".join(c.kind for c in self.controllers if not c.binary.exists())
+            raise FileNotFoundError(f"workload controllers not built ({', '.join(missing)}): run {BUILD_HINT} {kinds}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._apply_crds()
         self.ca = pki.make_ca(self.dir, "workloads-ca")
