@@ -90,7 +90,8 @@ def test_a_quota_of_two_gpus_lets_two_replicas_of_three_be_created_and_another_n
     stack.wait_for(lambda: len(bound_names(stack, namespace, "app=train")) == 2, 60, "2 replicas bound")
     created = {p["metadata"]["name"] for p in stack.pods(namespace, "app=train")}
     [missing] = {"train-0", "train-1", "train-2"} - created
-    assert all(f"create Pod {missing} in StatefulSet train failed" in r for r in refusals), refusals
+    # "create Pod ..." up to 1.36, "Create Pod ..." from 1.37: the controller's words, not ours
+    assert all(f"create pod {missing} in statefulset train failed" in r.lower() for r in refusals), refusals
     assert used(stack, namespace)[f"requests.{GPU}"] == "2"
 
 
