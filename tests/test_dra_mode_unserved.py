@@ -30,6 +30,8 @@ def test_bind_reads_the_install_s_device_env_mode_as_mutate_does():
     assert BindConfig.from_environment({"DEVICE_ENV_MODE": "dra"}).device_mode == "dra"
     with pytest.raises(ConfigError, match="DEVICE_ENV_MODE: 'rocm': expected one of cuda, nvidia, dra"):
         BindConfig.from_environment({"DEVICE_ENV_MODE": "rocm"})
+    with pytest.raises(ConfigError, match="DEVICE_ENV_MODE dra needs GPU_SCHEDULER_DRA on"):
+        BindConfig.from_environment({"DEVICE_ENV_MODE": "dra", "GPU_SCHEDULER_DRA": "false"})
 
 
 # -- the words -----------------------------------------------------------------------------------

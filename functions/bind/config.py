@@ -62,6 +62,11 @@ class BindConfig:
         mode = env.get("DEVICE_ENV_MODE", CUDA)
         if mode not in MODES:
             raise ConfigError(f"DEVICE_ENV_MODE: {mode[:20]!r}: expected one of {', '.join(MODES)} (as for mutate)")
+        dra_watched = env.get("GPU_SCHEDULER_DRA", "true").lower() != "false"
+        if mode == "dra" and not dra_watched:
+            # Every pod of a dra install needs the claims and slices that GPU_SCHEDULER_DRA=false leaves unwatched.
+            raise ConfigError("DEVICE_ENV_MODE dra needs GPU_SCHEDULER_DRA on: set the chart's dra.enabled true,"
+                              " or deviceEnvMode cuda or nvidia")
         quota = env.get("GPU_SCHEDULER_QUOTA", "true").lower()
         if quota not in ("true", "false"):
             raise ConfigError(f"GPU_SCHEDULER_QUOTA: {quota[:20]!r}: expected true or false (as for mutate)")
@@ -69,7 +74,7 @@ class BindConfig:
             scheduler=SchedulerConfig(own_namespace(env),
                                       env.get("GPU_SCHEDULER_DRA_DEVICE_CLASS") or dra.DEFAULT_DEVICE_CLASS, rules,
                                       quota == "true"),
-            dra_enabled=env.get("GPU_SCHEDULER_DRA", "true").lower() != "false",
+            dra_enabled=dra_watched,
             device_mode=mode,
             workers=int(text),
             identity=env.get("HOSTNAME") or socket.gethostname(),
