@@ -16,10 +16,10 @@ from kubeapi.errors import APIError
 from kubeapi.client import Kube
 
 
-def _or_none(read, *args) -> dict | None:
+def _or_none(read, *args, **kwargs) -> dict | None:
     """What `read` returns, or None where the API server says it does not exist (404)."""
     try:
-        return read(*args)
+        return read(*args, **kwargs)
     except APIError as error:
         if error.not_found and error.kind != "namespaces":
             return None

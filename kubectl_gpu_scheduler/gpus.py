@@ -64,6 +64,7 @@ try:  # bind's projection keeps no condition's time ("a pod's times are read by 
 except ImportError:  # pragma: no cover - without msgspec: pods decoded in full, times and all
     POD_TIMES = None
 
+from .cluster import _or_none
 from .output import columns
 
 FORMATS = ("table", "wide", "json", "yaml", "grid")
@@ -146,15 +147,6 @@ class Reads:
             if not error.not_found:
                 raise
             return None
-
-
-def _or_none(read, *args, **kwargs) -> dict | None:
-    try:
-        return read(*args, **kwargs)
-    except APIError as error:
-        if error.not_found and error.kind != "namespaces":
-            return None  # gone since it was listed
-        raise
 
 
 @contextmanager
