@@ -41,7 +41,7 @@ MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
                  in_cluster: bool = False, mutate_drain_seconds: float = 0, functions: bool = True,
-                 workloads: tuple[str, ...] = (), **source_options):
+                 workloads: tuple[str, ...] = (), apiserver_flags: tuple[str, ...] = (), **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
@@ -55,11 +55,14 @@ class LocalStack:
         ("jobset", "lws") or ("jobset", "lws", "kueue") (localcp/workloads.py; self.workloads),
         started right after it, before our own webhook, and stopped first. Kueue enables its
         JobSet and LeaderWorkerSet integrations when their CRDs are served (theirs are applied
-        before any controller starts) and manages only the namespaces labelled KUEUE_NAMESPACE_LABEL (create_namespace's labels)."""
+        before any controller starts) and manages only the namespaces labelled KUEUE_NAMESPACE_LABEL (create_namespace's labels).
+        apiserver_flags: more kube-apiserver flags, e.g. ("--feature-gates=GenericWorkload=true",)
+        for a test of what a feature gate makes the server keep."""
         self.mutate_drain_seconds = mutate_drain_seconds
         self._mutates = 0
         real_nodes = real_nodes or in_cluster
         self.cp = ControlPlane(kubelets=node_addresses() if real_nodes else None)
+        self.cp.apiserver_flags += list(apiserver_flags)
         self.real_nodes = real_nodes
         self.in_cluster = in_cluster
         self.functions = functions
