@@ -141,6 +141,14 @@ def test_scale_bounds_in_order(helm):
     assert "bind.scale: min 4 is above max 3" in error
 
 
+@pytest.mark.parametrize("runtime", ["knative", "deployments"])
+def test_dra_mode_without_dra_is_refused_naming_both_values(helm, runtime):
+    """bind refuses DEVICE_ENV_MODE dra with GPU_SCHEDULER_DRA=false at start; the chart says so first."""
+    error = helm_error(helm, "-f", str(CI_VALUES["default"]), "--set", f"runtime={runtime}",
+                       "--set", "deviceEnvMode=dra", "--set", "dra.enabled=false")
+    assert "deviceEnvMode dra needs dra.enabled true" in error and "deviceEnvMode cuda or nvidia" in error, error
+
+
 # -- every rendered object, offline ----------------------------------------------------------
 @pytest.mark.parametrize("values", sorted(CI_VALUES))
 def test_rendered_objects_validate(helm, values):

@@ -132,6 +132,10 @@ affinity:
 
 {{/* bind's environment, in either runtime. */}}
 {{- define "gpu-scheduler.bindEnv" -}}
+{{- /* bind refuses this pair at start (functions/bind/config.py): refused here, before an install whose every pod would wait */}}
+{{- if and (eq .Values.deviceEnvMode "dra") (not .Values.dra.enabled) -}}
+{{- fail "deviceEnvMode dra needs dra.enabled true (bind watches ResourceClaims and ResourceSlices only then): set dra.enabled=true, or deviceEnvMode cuda or nvidia" -}}
+{{- end -}}
 - name: LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 - name: RESYNC_CONCURRENCY
