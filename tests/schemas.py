@@ -25,6 +25,9 @@ from tests.fixtures import SCHEMAS
 
 REPO = Path(__file__).resolve().parent.parent
 KIND_CONFIG = REPO / "kind" / "cluster.yaml"
+# Core objects are validated for the oldest and the newest minor the project is tested on
+# (localcp/compat.py VERSIONS, the chart's kubeVersion): a field one of them lacks is an error.
+SUPPORTED_MINORS = ("1.33", "1.37")
 CORE_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "admissionregistration.k8s.io", "batch", "policy"}
 
 
@@ -138,14 +141,17 @@ def kubernetes_version() -> str:
 
 
 def core_errors(doc: dict, version: str | None = None) -> list[str]:
-    """kubernetes-validate, strict (unknown fields are errors), for the kind node's version."""
-    try:
-        kubernetes_validate.validate(doc, version or kubernetes_version(), strict=True)
-    except kubernetes_validate.ValidationError as error:
-        return [f"{'.'.join(map(str, error.path)) or '<root>'}: {error.message}"]
-    except kubernetes_validate.SchemaNotFoundError as error:
-        return [error.message]
-    return []
+    """kubernetes-validate, strict (unknown fields are errors), for `version`, or else for each of
+    SUPPORTED_MINORS and the kind node's version (each error names its version)."""
+    errors = []
+    for minor in [version] if version else sorted({*SUPPORTED_MINORS, kubernetes_version()}):
+        try:
+            kubernetes_validate.validate(doc, minor, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            errors.append(f"Kubernetes {minor}: {'.'.join(map(str, error.path)) or '<root>'}: {error.message}")
+        except kubernetes_validate.SchemaNotFoundError as error:
+            errors.append(error.message)
+    return errors
 
 
 def manifest_errors(doc: dict, strict_preserved: bool = False) -> list[str]:

@@ -21,7 +21,7 @@ import yaml
 import gpu_scheduler
 from gpu_scheduler import permissions
 from schemas import (
-    REPO, SCHEMAS, core_errors, custom_resource_errors, func_errors, granted, kind_node_image,
+    REPO, SCHEMAS, SUPPORTED_MINORS, core_errors, custom_resource_errors, func_errors, granted, kind_node_image,
     kubernetes_version, load_documents, manifest_errors, metadata_errors,
 )
 
@@ -492,3 +492,17 @@ def test_kind_mk_has_the_targets():
             assert (KIND / f"{target}.sh").is_file()
     up = re.search(r"^up:\n((?:\t.*\n)+)", text, re.M)[1]
     assert re.findall(r"KIND_MAKE\) ([\w-]+)", up) == ["kind-up", "images", "deploy", "check", "verify"]
+
+
+def test_core_objects_are_validated_for_the_oldest_and_newest_tested_minor():
+    """SUPPORTED_MINORS follows the compatibility run's versions and the chart's kubeVersion."""
+    from localcp.compat import VERSIONS
+
+    tested = [".".join(v.lstrip("v").split(".")[:2]) for v in VERSIONS]
+    assert SUPPORTED_MINORS == (tested[0], tested[-1])
+    chart = yaml.safe_load((REPO / "chart" / "gpu-scheduler" / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={tested[0]}.0-0"
+    # A field the oldest minor lacks (spec.schedulingGroup, 1.36+) is an error there.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "x"}], "schedulingGroup": {"podGroupName": "g"}}}
+    assert [e.split(":")[0] for e in core_errors(pod)] == ["Kubernetes 1.33", "Kubernetes 1.34"]
