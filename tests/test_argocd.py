@@ -12,7 +12,7 @@
   and its sources, the check workload.
 - The AppProject allows exactly the kinds the Applications render (no more: least privilege, no
   fewer: a kind the chart gains fails here), their repository and their destinations.
-- The real 1.34 API server holding Argo CD v3.2.0's CRDs (localcp/fetch-argocd-crds.sh, from its
+- The stack's real API server (its version: localcp/versions.env) holding Argo CD v3.2.0's CRDs (localcp/fetch-argocd-crds.sh, from its
   Go module) accepts every Argo CD object with `--dry-run=server --validate=strict`, the
   ApplicationSet's generated Applications included, and refuses a misspelled field; it accepts
   every object each Application renders, with the Knative and cert-manager CRDs installed.
@@ -32,14 +32,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from localcp.cluster import KUBERNETES_VERSION
 from schemas import REPO, load_documents
 from test_chart import crds, helm, manifests  # noqa: F401  (fixtures: helm, the Knative and cert-manager CRDs)
 
 ARGOCD = REPO / "argocd"
 MANIFESTS = {name: ARGOCD / f"{name}.yaml" for name in ("project", "application", "applicationset")}
 CLUSTERS = ARGOCD / "clusters"
-# What Argo CD passes as --kube-version: the destination cluster's version (here the tested one).
-KUBE_VERSION = "1.34.0"
+# What Argo CD passes as --kube-version: the destination cluster's version (here the stack's).
+KUBE_VERSION = KUBERNETES_VERSION.lstrip("v")
 WAVE = "argocd.argoproj.io/sync-wave"
 # The order of the issue: namespace and RBAC, then mutate and its webhook, then bind and the
 # sources, then the check workload.
