@@ -1,6 +1,6 @@
 """The Helm chart (chart/gpu-scheduler): `helm lint`, `helm template` with each values file of
 chart/gpu-scheduler/ci/, every rendered object against its schema offline and accepted by the
-real 1.34 API server holding the real Knative and cert-manager CRDs, RBAC equal to
+real API server holding the real Knative and cert-manager CRDs, RBAC equal to
 gpu_scheduler.permissions, the values reaching the objects (the pods' knobs exactly where set),
 the two webhook paths, the `helm test` hook (its command run as its account on the real API
 server), one version (pyproject.toml's) in the chart and on every object, and the files rendered
@@ -152,8 +152,8 @@ def test_dra_mode_without_dra_is_refused_naming_both_values(helm, runtime):
 # -- every rendered object, offline ----------------------------------------------------------
 @pytest.mark.parametrize("values", sorted(CI_VALUES))
 def test_rendered_objects_validate(helm, values):
-    """Core kinds strictly for 1.34, custom resources against their CRDs with unknown fields as
-    errors, also where the CRD preserves them."""
+    """Core kinds strictly for 1.33, 1.34 (kind's) and 1.37, custom resources against their CRDs
+    with unknown fields as errors, also where the CRD preserves them."""
     for doc in render(helm, values):
         errors = manifest_errors(doc, strict_preserved=True)
         assert not errors, f"{values}: {doc['kind']} {doc['metadata']['name']}:\n" + "\n".join(errors)

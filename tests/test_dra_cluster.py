@@ -1,4 +1,4 @@
-"""DRA mode against the real 1.34 API server (no kubelets needed): mutate gives the pod its claim
+"""DRA mode against the real API server (no kubelets needed): mutate gives the pod its claim
 entry, bind creates the ResourceClaim, adds the finalizer, allocates and reserves it in one status
 update, and binds the pod; a device allocated in another claim keeps a pod Pending with that
 claim named. The API server validates every body bind writes (resource.k8s.io/v1)."""

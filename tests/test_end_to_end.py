@@ -130,7 +130,7 @@ def test_a_pod_the_events_missed_is_placed_without_a_ping(stack, namespace):
 def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
     """The adapter holds events while it is slow: the add of a pod deleted and re-created under
     the same name, with another map, arrives after the pod is gone. bind sends the UID as the
-    Binding's precondition and Kubernetes 1.34 honours it: the stale event binds nothing (200,
+    Binding's precondition and the API server honours it: the stale event binds nothing (200,
     never retried), and the new pod is placed by its own event, where its own map says."""
     stack.source.hold()
     try:
@@ -153,7 +153,7 @@ def test_a_stale_event_for_a_re_created_pod_binds_nothing(stack, namespace):
 
 def test_the_api_server_refuses_a_binding_made_from_an_older_version_of_the_pod(stack, namespace):
     """bind sends the version it decided from as the Binding's resourceVersion precondition
-    (gpu_scheduler.binding.binding_for); Kubernetes 1.34 honours it: a pod changed since is not
+    (gpu_scheduler.binding.binding_for); the API server honours it: a pod changed since is not
     bound (409), the version it has now is."""
     from kubernetes.client.exceptions import ApiException
     stack.source.paused = True
@@ -183,7 +183,7 @@ def test_the_api_server_refuses_a_binding_made_from_an_older_version_of_the_pod(
 
 
 def test_the_controllers_pod_index_label_places_statefulset_replicas_from_ordinals_start(stack, namespace):
-    """Kubernetes 1.34's StatefulSet controller labels each pod apps.kubernetes.io/pod-index;
+    """The StatefulSet controller labels each pod apps.kubernetes.io/pod-index;
     with spec.ordinals.start 3 its replicas are 3, 4, 5 and take those entries of the map."""
     manifest = statefulset(namespace, "3=node2:1\n4=node3:2\n5=node4:0,3\n", replicas=3)
     manifest["spec"]["ordinals"] = {"start": 3}

@@ -1,5 +1,5 @@
 """bind started as a new user starts it (docs/try-it.md, "Run a function locally") against a cluster that
-lacks what it needs, on the real 1.34 control plane: each misconfiguration keeps it not ready with
+lacks what it needs, on the real control plane: each misconfiguration keeps it not ready with
 a message naming the fix, the pods it cannot place say the same in their FailedScheduling Event,
 and its log says APIError, never PodGone. The stack's own bind is stopped meanwhile, so only the
 misconfigured instance sees the pods."""

@@ -1,4 +1,4 @@
-"""Fit and GPU accounting on the real control plane: what bind now refuses, and kube-scheduler 1.34
+"""Fit and GPU accounting on the real control plane: what bind now refuses, and kube-scheduler (the stack's)
 asked the same fit questions side by side.
 
 Each test has a node of its own (`fit_node`, a Node object kept Ready by the test, with small
@@ -221,7 +221,7 @@ def test_a_forged_event_binds_a_pod_only_where_its_live_map_says(stack, namespac
         stack.source.paused = False
 
 
-# -- kube-scheduler 1.34 answers the same questions -------------------------------------------------
+# -- kube-scheduler (the stack's version) answers the same questions -------------------------------------------------
 def _case(rng: random.Random, fit_node: str) -> tuple[list[dict], dict]:
     """Pods already on the node and a candidate, drawn from the shapes the checks distinguish."""
     cpu = lambda: rng.choice(["100m", "500m", "1", "1500m", "2", "3"])  # noqa: E731

@@ -1,4 +1,4 @@
-"""Gangs (issue 27, docs/gangs.md) on the real 1.34 control plane: a workload annotated
+"""Gangs (issue 27, docs/gangs.md) on the real control plane: a workload annotated
 `gpu-scheduler/gang` is bound whole or not at all, and holds no device while it waits.
 
 - a gang one of whose GPUs is held binds nothing, each member saying why in one Event; freed, it

@@ -1,4 +1,4 @@
-"""A gang's refusal as `kubectl gpu-scheduler explain` and `plan --cluster` give it, on the real 1.34
+"""A gang's refusal as `kubectl gpu-scheduler explain` and `plan --cluster` give it, on the real
 control plane, run as a user granted exactly permissions.PLUGIN: the seed map as a gang, blocked by
 another workload that holds node4's GPU 3. bind binds none of the gang and gives each member one
 FailedScheduling Event (gpu-scheduler/plugin: Gang, docs/gangs.md); explain of a member and plan

@@ -1,4 +1,4 @@
-"""`kubectl gpu-scheduler gpus` (issue 45) on the real 1.34 control plane, run as a user granted
+"""`kubectl gpu-scheduler gpus` (issue 45) on the real control plane, run as a user granted
 exactly permissions.PLUGIN: each state of a GPU put in place on a node of the test's own (a Node
 object without a kubelet, 4 GPUs), and what `gpus -o json` says of it held against what bind did
 and wrote (its device records, its Bindings, its FailedScheduling Events) and what `explain` says.

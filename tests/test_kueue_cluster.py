@@ -1,5 +1,5 @@
 """Pinned workloads queued by the real Kueue v0.17.0 (localcp/workloads.py), placed by mutate and bind
-on the real 1.34 control plane. Node objects without kubelets: pods are bound and stay Pending.
+on the real control plane. Node objects without kubelets: pods are bound and stay Pending.
 
 Kueue decides from a workload's templates (times their pod counts), before any pod exists; mutate
 writes on each template with a map what its largest entry pins (gpu_scheduler/templatecount.py), so

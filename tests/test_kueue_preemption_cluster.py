@@ -1,5 +1,5 @@
 """Kueue's own preemption frees a pinned workload's GPUs for the one it admits instead, on the real
-Kueue v0.17.0 beside the 1.34 control plane, mutate and bind (localcp/workloads.py).
+Kueue v0.17.0 beside the control plane, mutate and bind (localcp/workloads.py).
 
 A ClusterQueue of 8 gpu-scheduler.io/gpu that preempts lower priority within itself. A low-priority
 Indexed Job pinning 4 × 2 GPUs is admitted and bound; a high-priority Job pinning the same GPUs

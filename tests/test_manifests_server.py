@@ -1,5 +1,5 @@
 """The core objects of the deployment, accepted by a real API server: `kubectl apply
---dry-run=server` against the local control plane (Kubernetes 1.34, the kind cluster's version;
+--dry-run=server` against the local control plane (its version: localcp/versions.env;
 tests/conftest.py's `controlplane` fixture). Server-side dry run runs defaulting, validation and
 admission without persisting anything. Every core object is sent as shipped (the webhook's
 matchConditions included); only namespaced objects move into a namespace the test creates.

@@ -1,4 +1,4 @@
-"""What runs: the check StatefulSet on four real nodes (kubelet v1.34 + containerd each), its
+"""What runs: the check StatefulSet on four real nodes (the stack's kubelet + containerd each), its
 placement read back from the containers' own logs, and the kubelet's say on a placement.
 
 The other control-plane tests keep nodes without kubelets: test_faults.py and the bench's

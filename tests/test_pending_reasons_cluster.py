@@ -1,4 +1,4 @@
-"""README "My replica is Pending", row by row, on the real 1.34 control plane: each row's situation
+"""README "My replica is Pending", row by row, on the real control plane: each row's situation
 is put in place and a pod of ours meets it; bind refuses the pod with a FailedScheduling Event
 that names the refusing plugin (annotation gpu-scheduler/plugin); then `kubectl gpu-scheduler
 explain` on the pod and `plan --cluster` on a manifest that creates it, run as a user granted

@@ -1,5 +1,5 @@
 """Pools (issue 44): the pods of a Deployment, which have no index, each take a free entry of the
-gpu-scheduling-map, on the real 1.34 control plane with the real kube-controller-manager's
+gpu-scheduling-map, on the real control plane with the real kube-controller-manager's
 Deployment and ReplicaSet controllers, mutate as the webhook and bind as the scheduler. Node
 objects without kubelets: pods are bound and stay Pending (tests/test_pool_nodes.py runs them).
 

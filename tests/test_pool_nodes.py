@@ -1,4 +1,4 @@
-"""Pools (issue 44) on the four real nodes (kubelet v1.34 + containerd each): a Deployment of the
+"""Pools (issue 44) on the four real nodes (the stack's kubelet + containerd each): a Deployment of the
 check container (check/check.py), each pod on an entry of the pool that bind chose at binding.
 The kubelet resolves CUDA_VISIBLE_DEVICES from the pod's gpu-scheduler/devices annotation (mutate
 put a fieldRef there; the Binding wrote the annotation) when it starts the container, so each

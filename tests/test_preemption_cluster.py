@@ -1,4 +1,4 @@
-"""Preemption on the real 1.34 control plane (gpu_scheduler/plugins/defaultpreemption.py): a pod
+"""Preemption on the real control plane (gpu_scheduler/plugins/defaultpreemption.py): a pod
 whose mapped GPU a pod of lower priority holds takes it back.
 
 - a low-priority workload holds a node's GPU 1 and a high-priority pod maps it: the victim is

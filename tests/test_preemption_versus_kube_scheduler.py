@@ -1,4 +1,4 @@
-"""Preemption side by side with kube-scheduler 1.34 (the stack's default scheduler) on the real
+"""Preemption side by side with kube-scheduler (the stack's default scheduler) on the real
 control plane: the same situation built twice, on twin nodes, once for kube-scheduler and once
 for bind; both must take the same victims, or evict nothing both.
 

@@ -1,4 +1,4 @@
-"""Quotas on the real 1.34 control plane: a namespace's ResourceQuota bounds the GPUs its pods pin,
+"""Quotas on the real control plane: a namespace's ResourceQuota bounds the GPUs its pods pin,
 in total and per GPU type, enforced by the API server at pod creation with its own message
 (gpu_scheduler/quota.py: mutate's requests; functions/bind/advertiser.py: the nodes advertise them).
 

@@ -1,4 +1,4 @@
-"""Pinned GPUs counted for quotas strand no pod where no quota counts them, on the real 1.34
+"""Pinned GPUs counted for quotas strand no pod where no quota counts them, on the real
 control plane (gpu_scheduler/plugins/gpuquota.py, functions/mutate/nodeproduct.py).
 
 In a namespace without a ResourceQuota, each of these is bound:

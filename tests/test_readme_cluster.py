@@ -1,5 +1,5 @@
 """The uninstall commands for an uninstall without the chart's hook (docs/install.md, "Uninstall":
-`helm uninstall --no-hooks`, Argo CD), run as written against a real 1.34 API server: the loop that
+`helm uninstall --no-hooks`, Argo CD), run as written against a real API server: the loop that
 removes the quota resources bind patched into every node's status (gpu-scheduler.io/gpu and
 product.gpu-scheduler.io/<type>, capacity and allocatable), and the deletion of bind's device
 records (its Leases). Only etcd and kube-apiserver run: after `helm uninstall` no bind is left to

@@ -1,5 +1,5 @@
 """bind with more than one instance, without its event source, and killed between its two writes,
-on the real 1.34 control plane: the device records in the API server keep every GPU with one
+on the real control plane: the device records in the API server keep every GPU with one
 workload, and bind's own watch finds every pending pod.
 
 Each test has nodes of its own (Node objects kept Ready by the test, 4 GPUs each), so that its

@@ -1,4 +1,4 @@
-"""mutate restarted while pods are being created (real: the local 1.34 control plane, the shipped
+"""mutate restarted while pods are being created (real: the local control plane, the shipped
 webhook registration with failurePolicy Fail). As a rollout does it: a new mutate process is
 started and ready on the webhook's port (reuse_port), then the old one gets SIGTERM, drains
 (readiness 503, every request still answered, with Connection: close) and stops. Not one

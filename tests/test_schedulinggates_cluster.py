@@ -1,5 +1,5 @@
 """Pod scheduling gates (`spec.schedulingGates`, kube-scheduler's PreEnqueue plugin
-SchedulingGates) honoured by bind, on the real 1.34 control plane:
+SchedulingGates) honoured by bind, on the real control plane:
 
 - a pinned pod created with a gate (a bare pod, and a StatefulSet replica whose template carries
   it) is left alone while gated: no device record, no Binding, no Warning Event, and its

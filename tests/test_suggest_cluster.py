@@ -1,4 +1,4 @@
-"""`kubectl gpu-scheduler suggest` on the real 1.34 control plane, run as a user granted exactly
+"""`kubectl gpu-scheduler suggest` on the real control plane, run as a user granted exactly
 permissions.PLUGIN: with GPUs held by another workload, the map it prints is applied, and bind
 binds every replica on the node and devices suggest printed, no device to two workloads; with too
 few free GPUs it exits 1 naming them. The tests' nodes are their own (4 GPUs each, no kubelet: the

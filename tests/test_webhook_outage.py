@@ -1,4 +1,4 @@
-"""The webhook registration as shipped (knative/webhook.yaml), on Kubernetes 1.34: while mutate
+"""The webhook registration as shipped (knative/webhook.yaml), on the stack's Kubernetes: while mutate
 hangs or is down, only pods that carry the map are refused (matchConditions, failurePolicy Fail),
 and pods in the excluded namespaces are never sent to it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""JobSet and LeaderWorkerSet replicas pinned one by one, on the real 1.34 control plane with the real
+"""JobSet and LeaderWorkerSet replicas pinned one by one, on the real control plane with the real
 JobSet v0.10.1 and LeaderWorkerSet v0.7.0 controllers and their webhooks (localcp/workloads.py),
 mutate as the webhook and bind as the scheduler. Node objects without kubelets: pods are bound and
 stay Pending, enough for placement (tests/test_workloads_nodes.py runs them on real nodes).
