@@ -193,8 +193,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if {"stack", "controlplane", "real_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.controlplane)
-        # make test K8S=v1.33.13: DRA's tests (named so) need resource.k8s.io/v1, served from 1.34
-        if not DRA_SERVED and item.get_closest_marker("controlplane") and _DRA.search(item.nodeid.lower()):
+        # make test K8S=v1.33.13: DRA's tests (named so) need resource.k8s.io/v1, served from 1.34;
+        # those marked dra_unserved test the server without it, and run there above all.
+        if (not DRA_SERVED and item.get_closest_marker("controlplane") and _DRA.search(item.nodeid.lower())
+                and not item.get_closest_marker("dra_unserved")):
             item.add_marker(pytest.mark.skip(reason=f"Kubernetes {KUBERNETES_VERSION} serves no resource.k8s.io/v1"))
 
 
