@@ -21,7 +21,10 @@ from test_end_to_end import env_of, pod_manifest
 pytestmark = pytest.mark.controlplane
 
 MINOR = int(re.match(r"v1\.(\d+)", cluster.KUBERNETES_VERSION)[1])
-GATE = "--feature-gates=GenericWorkload=true"
+# The gate, and on 1.36 (alpha) its API too: the server's own Workload and PodGroup informers need
+# scheduling.k8s.io/v1alpha2, and without it the server is never ready (1.37's beta is served).
+GATE = ("--feature-gates=GenericWorkload=true",
+        *(("--runtime-config=scheduling.k8s.io/v1alpha2=true",) if MINOR == 36 else ()))
 NAMESPACE = "upstream-podgroup"
 GROUP = "train-group"
 
@@ -32,7 +35,7 @@ def gated_stack():
         pytest.skip(f"{cluster.KUBERNETES_VERSION}: spec.schedulingGroup is served from 1.36 (GenericWorkload)")
     from localcp.stack import LocalStack
 
-    with LocalStack(apiserver_flags=(GATE,)) as running:
+    with LocalStack(apiserver_flags=GATE) as running:
         running.create_namespace(NAMESPACE)
         yield running
 
