@@ -16,7 +16,7 @@ from kubeapi.errors import APIError
 from kubeapi.client import Kube
 
 
-def _or_none(read, *args, **kwargs) -> dict | None:
+def or_none(read, *args, **kwargs) -> dict | None:
     """What `read` returns, or None where the API server says it does not exist (404)."""
     try:
         return read(*args, **kwargs)
@@ -78,7 +78,7 @@ class Cluster:
     def node(self, name: str) -> dict | None:
         """The node, or None when it does not exist (as bind sees it)."""
         if name not in self._nodes:
-            self._nodes[name] = _or_none(self.api.read_node, name)
+            self._nodes[name] = or_none(self.api.read_node, name)
         return self._nodes[name]
 
     def nodes(self) -> list[str]:
@@ -103,7 +103,7 @@ class Cluster:
         return self._pods_in[namespace]
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _or_none(self.api.read_pod, namespace, name)
+        return or_none(self.api.read_pod, namespace, name)
 
     def gpu_quotas(self, namespace: str) -> list[dict[str, str]]:
         """The namespace's ResourceQuotas on GPUs and their use (quota.gpu_quotas), read once."""
@@ -165,7 +165,7 @@ class Cluster:
         return self._claims
 
     def resource_claim(self, namespace: str, name: str) -> dict | None:
-        return _or_none(self.api.read_resource_claim, namespace, name)
+        return or_none(self.api.read_resource_claim, namespace, name)
 
     # -- bind's device records ---------------------------------------------------------------------
     def records(self, namespace: str) -> list[Record]:

@@ -64,7 +64,7 @@ try:  # bind's projection keeps no condition's time ("a pod's times are read by 
 except ImportError:  # pragma: no cover - without msgspec: pods decoded in full, times and all
     POD_TIMES = None
 
-from .cluster import _or_none
+from .cluster import or_none
 from .output import columns
 
 FORMATS = ("table", "wide", "json", "yaml", "grid")
@@ -125,7 +125,7 @@ class Reads:
             holders = [(meta.get("namespace"), meta.get("name")) for meta in (p.get("metadata") or {}
                                                                                for p in listed_others.result())
                        if DEVICES_ANNOTATION in (meta.get("annotations") or {})]
-            others = [pool.submit(_or_none, api.read_pod, namespace, name, projection=POD_TIMES)
+            others = [pool.submit(or_none, api.read_pod, namespace, name, projection=POD_TIMES)
                       for namespace, name in holders]
             pods_on = {node: listed.result() for node, listed in zip(named, on_nodes)}
             nodes, slices = listed_nodes.result(), listed_slices.result()
