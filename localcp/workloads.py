@@ -169,10 +169,10 @@ class WorkloadControllers:
     # -- start -----------------------------------------------------------------------------
     def start(self) -> "WorkloadControllers":
         began = time.monotonic()
-        missing = [str(c.binary) for c in self.controllers if not c.binary.exists()]
+        missing = [c for c in self.controllers if not c.binary.exists()]
         if missing:
-            kinds = " ".join(c.kind for c in self.controllers if not c.binary.exists())
-            raise FileNotFoundError(f"workload controllers not built ({', '.join(missing)}): run {BUILD_HINT} {kinds}")
+            raise FileNotFoundError(f"workload controllers not built ({', '.join(str(c.binary) for c in missing)}):"
+                                    f" run {BUILD_HINT} {' '.join(c.kind for c in missing)}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._apply_crds()
         self.ca = pki.make_ca(self.dir, "workloads-ca")
