@@ -10,7 +10,6 @@ not what is tested here)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import time
@@ -19,7 +18,7 @@ import urllib.error
 import pytest
 
 from conftest import REPO, FunctionServer
-from localcp import cluster
+from localcp import cluster, versions
 from localcp.cluster import ControlPlane
 
 sys.path.insert(0, str(REPO / "functions" / "bind"))
@@ -35,7 +34,7 @@ DRA_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # and is made not to both ways. Later minors skip: from 1.35 the DynamicResourceAllocation gate is
 # locked on, and with only the group turned off the server's own DRA informers never sync, so it is
 # never ready (tried on v1.37.2); 1.37 cannot emulate a minor before 1.34.
-MINOR = int(re.match(r"v1\.(\d+)", cluster.KUBERNETES_VERSION)[1])
+MINOR = versions.minor(cluster.KUBERNETES_VERSION)
 WITHOUT_DRA = {"before-1.34": []} if MINOR < 34 else {
     "emulating-1.33": ["--emulated-version=1.33"],
     "turned-off": ["--runtime-config=resource.k8s.io/v1=false", "--feature-gates=DynamicResourceAllocation=false"],

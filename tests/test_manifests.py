@@ -497,8 +497,9 @@ def test_kind_mk_has_the_targets():
 def test_core_objects_are_validated_for_the_oldest_and_newest_tested_minor():
     """SUPPORTED_MINORS follows the compatibility run's versions and the chart's kubeVersion."""
     from localcp.compat import VERSIONS
+    from localcp.versions import minor
 
-    tested = [".".join(v.lstrip("v").split(".")[:2]) for v in VERSIONS]
+    tested = [f"1.{minor(v)}" for v in VERSIONS]
     assert SUPPORTED_MINORS == (tested[0], tested[-1])
     chart = yaml.safe_load((REPO / "chart" / "gpu-scheduler" / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == f">={tested[0]}.0-0"

@@ -11,16 +11,15 @@ minors before 1.36 the field does not exist (1.35 has the alpha `workloadRef` in
 module skips."""
 from __future__ import annotations
 
-import re
 
 import pytest
 
-from localcp import cluster
+from localcp import cluster, versions
 from test_end_to_end import env_of, pod_manifest
 
 pytestmark = pytest.mark.controlplane
 
-MINOR = int(re.match(r"v1\.(\d+)", cluster.KUBERNETES_VERSION)[1])
+MINOR = versions.minor(cluster.KUBERNETES_VERSION)
 # The gate, and on 1.36 (alpha) its API too: the server's own Workload and PodGroup informers need
 # scheduling.k8s.io/v1alpha2, and without it the server is never ready (1.37's beta is served).
 GATE = ("--feature-gates=GenericWorkload=true",
