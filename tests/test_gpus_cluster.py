@@ -34,13 +34,10 @@ grants apart). Every wait has a deadline; no fixed sleep.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import pytest
@@ -55,7 +52,7 @@ from test_pending_reasons_cluster import (  # noqa: F401 (situation: a fixture)
     held_by, preempted, situation,
 )
 from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
-from test_preemption_cluster import play_kubelet
+from test_preemption_cluster import play_kubelet, stack_bind_stopped
 from test_records_cluster import RECORDS, ready_instance
 
 pytestmark = pytest.mark.controlplane
@@ -82,18 +79,6 @@ def sees_record(url: str, node: str, device: str) -> bool:
     text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
     return any(line.startswith("gpu_scheduler_gpus_held{") and f'node="{node}"' in line
                and f'device="{device}"' in line for line in text.splitlines())
-
-
-@contextmanager
-def stack_bind_stopped(stack):
-    """The stack's own bind stopped (SIGSTOP, its process group) for the block: only the second
-    instance decides meanwhile."""
-    group = stack.cp.processes["bind"].pid
-    os.killpg(group, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.killpg(group, signal.SIGCONT)
 
 
 # -- what gpus says --------------------------------------------------------------------------

@@ -9,14 +9,14 @@ import copy
 import json
 import time
 
-from gpu_scheduler.fit import NodeInfo, PodInfo
+from gpu_scheduler.fit import NodeInfo, PodInfo, workload
 from gpu_scheduler.framework.interface import CycleState, unresolvable, unschedulable
 from gpu_scheduler.framework.snapshot import NodeSnapshot
 from gpu_scheduler.placement import Resolved
 from gpu_scheduler.plugins.defaultpreemption import NoPreemption, Preemption, Waiting, select_victims
 from gpu_scheduler.plugins.gpusheld import Held, Write, record_step
 from gpu_scheduler.plugins.mapentry import RESOLVED
-from gpu_scheduler.records import NOMINATED_KEY, Record, lease_for, nominated_lease
+from gpu_scheduler.records import NOMINATED_KEY, Record, lease_for, nominated_lease, workload_key
 from gpu_scheduler.schedmap import Placement
 
 from decide import FRAMEWORK
@@ -210,7 +210,10 @@ def test_bind_claims_the_record_then_nominates_then_evicts_then_marks_the_victim
 
 def test_a_claim_another_writer_made_first_evicts_nothing():
     victim_lease = lease("StatefulSet team-a/train", age=3600, device="1")
-    placer, api = placer_with(pods=[victim_pod()], leases=[victim_lease], update_lease=[api_error(409, "conflict")])
+    now = copy.deepcopy(victim_lease)  # as the other writer left it: a holder's write, no nomination
+    now["metadata"]["resourceVersion"] = "9"
+    placer, api = placer_with(pods=[victim_pod()], leases=[victim_lease], update_lease=[api_error(409, "conflict")],
+                              read_lease=[now])
     attempt = placer.place(copy.deepcopy(HIGH))
     assert "claimed by another preemptor or bind instance first" in attempt.outcome["message"]
     assert api.called("evict") == [] and api.called("bind") == []
@@ -297,3 +300,56 @@ def test_a_sibling_of_the_preemptor_evicts_nothing_more():
     attempt = placer.place(copy.deepcopy(HIGH))
     assert "preempted for this pod already" in attempt.outcome["message"], attempt.outcome
     assert api.called("evict") == [] and api.called("update_lease") == []
+
+
+def _claimed(device: str, pod: dict, version: str) -> dict:
+    """The record of GPU `device` on node1 (its holder the victim's workload) nominated for `pod`."""
+    meta = pod["metadata"]
+    body = copy.deepcopy(nominated_lease(Record.of(lease("StatefulSet team-a/train", age=3600, device=device)),
+                                         "node1", device, f"{meta['namespace']}/{meta['name']}", meta["uid"],
+                                         pod["spec"]["priority"], time.time() + 60, workload_key(workload(pod))))
+    body["metadata"]["resourceVersion"] = version
+    return body
+
+
+def two_instances_claiming(winner_for: dict) -> tuple[object, object]:
+    """This instance preempts for HIGH from a view another instance has half overtaken: GPU 0's
+    record already nominated for HIGH (that instance's first write), GPU 1's as it was before its
+    second. GPU 1's write conflicts; read again, it is nominated for `winner_for`."""
+    placer, api = placer_with(pods=[victim_pod()], leases=[_claimed("0", HIGH, "6"),
+                                                           lease("StatefulSet team-a/train", age=3600, device="1")],
+                              read_lease=[_claimed("1", winner_for, "9")], evict=[{}], patch_pod_status=[{}])
+
+    def update_lease(*args):  # the record read stale conflicts; any other update goes through
+        api.calls.append(("update_lease", args, {}))
+        if args[-1]["metadata"]["name"] == "node1.gpu-1" and args[-1]["metadata"]["resourceVersion"] == "5":
+            raise api_error(409, "conflict")
+        return copy.deepcopy(args[-1])
+    api.update_lease = update_lease
+    return placer.place(copy.deepcopy(HIGH)), api
+
+
+def test_another_instance_claiming_for_the_same_pod_is_left_to_evict_and_its_nomination_kept():
+    """Two instances preempt for one pod at once (the two-instance run of test_gpus_cluster.py met
+    it). The one whose write conflicts finds the device claimed for this same pod: the other
+    instance evicts (once, as test_preemption_cluster.py's racing instances show), so this one
+    evicts nothing, and keeps every nomination. Before, it rewrote GPU 0's, then took it back on
+    GPU 1's conflict, leaving GPU 0 to anyone while the victim terminated."""
+    attempt, api = two_instances_claiming(HIGH)
+    assert "preemption: GPU 1 on node1 was claimed for this pod by another bind instance, which evicts" in (
+        attempt.outcome["message"]), attempt.outcome
+    assert api.called("evict") == [] and api.called("bind") == []
+    assert [args[-1]["metadata"]["name"] for args, _ in api.called("update_lease")] == ["node1.gpu-1"], (
+        "GPU 0's claim, the other instance's, rewritten")
+
+
+def test_a_claim_lost_to_another_pod_takes_back_only_this_attempts_own():
+    other = with_priority(HIGH, 500)
+    other["metadata"] = {**other["metadata"], "name": "other-0", "uid": "u-other",
+                         "ownerReferences": [{"kind": "StatefulSet", "name": "other", "controller": True}]}
+    attempt, api = two_instances_claiming(other)
+    assert "claimed by another preemptor or bind instance first" in attempt.outcome["message"], attempt.outcome
+    assert api.called("evict") == [] and api.called("bind") == []
+    stripped = [args[-1]["metadata"]["name"] for args, _ in api.called("update_lease")
+                if NOMINATED_KEY not in args[-1]["metadata"]["annotations"]]
+    assert stripped == [], "a nomination this attempt did not write taken off"

@@ -21,20 +21,29 @@ has checked the eviction: it deletes the victim with no grace period.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 import urllib.error
 import urllib.parse
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client
 
+from gpu_scheduler.fit import workload as fit_workload
+from gpu_scheduler.records import MANAGED_BY, Record, nominated_lease, record_name, workload_key
+
 from test_dra_cluster import RESOURCE, admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
 from test_end_to_end import pod_manifest, statefulset
 from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
+from test_placer import synced_placer
 from test_records_cluster import own_nodes, ready_instance  # noqa: F401 (own_nodes: a fixture)
 
 LOW, HIGH, HIGH_NEVER = "gs-test-low", "gs-test-high", "gs-test-high-never"
 PRIORITIES = {LOW: 10, HIGH: 1000, HIGH_NEVER: 1000}
 GRACE = 30  # the victims' terminationGracePeriodSeconds: long enough to see them Terminating
+RECORDS_NAMESPACE = "gpu-scheduler"  # where the stack's bind keeps its device records
 
 
 def create_priority_classes(stack, values: dict[str, int], never: str) -> None:
@@ -143,6 +152,18 @@ def play_kubelet(stack, namespace: str, name: str) -> None:
     stack.api.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
+@contextmanager
+def stack_bind_stopped(stack):
+    """The stack's own bind stopped (SIGSTOP, its process group) for the block: only the other
+    instances (or the test) decide meanwhile."""
+    group = stack.cp.processes["bind"].pid
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
 def never_evicted(stack, namespace: str, victim: dict) -> None:
     body = pod(stack, namespace, victim["metadata"]["name"])
     assert body is not None and body["metadata"]["uid"] == victim["metadata"]["uid"]
@@ -240,6 +261,57 @@ def test_two_preemptors_racing_for_one_victims_gpu_evict_it_once_and_one_is_boun
     finally:
         for instance in instances:
             instance.stop()
+
+
+def test_an_instance_overtaken_by_another_preempting_for_the_same_pod_keeps_its_claim(stack, namespace, own_nodes,
+                                                                                     admin):
+    """Two bind instances preempt for urgent-0 (GPUs 1 and 2; GPU 1's holder of lower priority) at
+    once. The other instance (played here, with the API server's own calls) has written GPU 1's
+    nomination and not yet created GPU 2's record when this instance (bind's Placer, in this
+    process) reads: so it reads GPU 1 nominated for urgent-0, no record of GPU 2, and the victim not
+    yet evicted. Its create of GPU 2's record then meets the other instance's (409 from the API
+    server), which is a claim for urgent-0 too: it leaves the eviction to the other instance and
+    keeps what it read; both GPUs stay nominated for urgent-0, and urgent-0 is bound there once the
+    victim is gone.
+
+    Before, it rewrote GPU 1's nomination, then took it back on GPU 2's conflict: GPU 1 was left to
+    any pod while the victim terminated (test_gpus_cluster.py's two-instance run met it in CI)."""
+    [node] = own_nodes(1)
+    stack.apply(workload(namespace, "batch", f"{node}:1", LOW))
+    victim = bound_victim(stack, namespace, "batch")
+    with stack_bind_stopped(stack):  # the stack's own bind decides nothing meanwhile
+        stack.apply(with_class(pod_manifest(namespace, "urgent-0", f"0={node}:1,2\n"), HIGH))
+        urgent = stack.wait_for(lambda: pod(stack, namespace, "urgent-0"), 20, "urgent-0 created")
+        who, uid = f"{namespace}/urgent-0", urgent["metadata"]["uid"]
+        pods = admin.list_pods(f"spec.nodeName={node}") + [urgent]
+        nodes = [n for page, _ in admin.list_nodes() for n in page]
+        until = time.time() + GRACE + 60
+        # the other instance's first write: GPU 1's record, at its version, nominated for urgent-0
+        one = Record.of(admin.read_lease(RECORDS_NAMESPACE, record_name(node, "1")))
+        admin.update_lease(RECORDS_NAMESPACE, one.name, nominated_lease(one, node, "1", who, uid, 1000, until,
+                                                                         workload_key(fit_workload(urgent))))
+        leases = [lease for page, _ in admin.list_leases(RECORDS_NAMESPACE, f"{MANAGED_BY}=gpu-scheduler") for lease in page]  # this instance's read
+        # ... then its second, and its eviction
+        admin.create_lease(RECORDS_NAMESPACE, nominated_lease(None, node, "2", who, uid, 1000, until,
+                                                              workload_key(fit_workload(urgent))))
+        admin.evict(namespace, victim["metadata"]["name"], victim["metadata"]["uid"])
+
+        placer = synced_placer(admin, pods, nodes, leases)
+        outcome = placer.place(urgent).outcome
+        placer.recorder.flush()
+        for device in ("1", "2"):
+            record = Record.of(admin.read_lease(RECORDS_NAMESPACE, record_name(node, device)))
+            assert (device, record.nominee, record.nominee_uid) == (device, who, uid), outcome
+        assert (f"preemption: GPU 2 on {node} was claimed for this pod by another bind instance, which evicts;"
+                " the pod is placed once its victims are gone") in outcome["message"], outcome
+        assert pod(stack, namespace, "batch-0")["metadata"].get("deletionTimestamp")
+        assert events(stack, namespace, victim["metadata"]["uid"], "Preempted") == []  # evicted once, by the other
+
+    play_kubelet(stack, namespace, victim["metadata"]["name"])
+    stack.ping()
+    stack.wait_for(lambda: (pod(stack, namespace, "urgent-0") or {}).get("spec", {}).get("nodeName") == node, 45,
+                   "urgent-0 bound")
+    assert pod(stack, namespace, "urgent-0")["metadata"]["annotations"]["gpu-scheduler/devices"] == "1,2"
 
 
 # -- 4. DRA mode: the victim's claim's device freed, then allocated to the preemptor ---------------

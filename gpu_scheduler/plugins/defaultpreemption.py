@@ -46,7 +46,7 @@ from ..framework.interface import (
 )
 from ..framework.snapshot import NodeSnapshot
 from ..placement import metadata, spec
-from ..records import nominated_lease, nomination, without_nomination, workload_key
+from ..records import Record, nominated_lease, nomination, without_nomination, workload_key
 from .mapentry import resolved
 
 NAME = "DefaultPreemption"
@@ -311,6 +311,7 @@ class Preemptor(PreemptionListers, Protocol):
 
     def create_record(self, body: Mapping[str, Any]) -> Any: ...
     def update_record(self, name: str, body: Mapping[str, Any]) -> Any: ...
+    def read_record(self, node: str, device: str) -> Record | None: ...
     def nominate(self, pod: Mapping[str, Any], node: str) -> None: ...
     def evict(self, namespace: str, name: str, uid: str) -> None: ...
     def mark_preempted(self, namespace: str, name: str, uid: str, reason: str, condition_message: str,
@@ -392,18 +393,36 @@ class DefaultPreemption(PostFilterPlugin):
             who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
             for device in resolved(plan.state).placement.devices:
                 record = node.records.get(device)
+                if _nominated_for(plan.pod, record, node):
+                    # already claimed for this pod (or its workload), by an earlier attempt or another
+                    # instance: that claim stands for ours, and is not ours to take back if a later write fails
+                    continue
                 try:
                     body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until,
                                            workload_key(workload(plan.pod)))
                     written.append(cluster.create_record(body) if record is None else
                                    cluster.update_record(record.name, body))
+                    continue
+                except APIError as failure:
+                    if not failure.conflict:
+                        _release(written, cluster)
+                        return api_failure(NAME, f"nominating {who} on the record of GPU {device} on {node.name}",
+                                           failure)
+                try:  # another writer was first: for this pod too, or for another?
+                    current = cluster.read_record(node.name, device)
                 except APIError as failure:
                     _release(written, cluster)
-                    if failure.conflict:
-                        return unschedulable(NAME, f"GPU {device} on {node.name} was claimed by another preemptor or"
-                                                   " bind instance first; nothing evicted", "Lost")
-                    return api_failure(NAME, f"nominating {who} on the record of GPU {device} on {node.name}",
-                                       failure)
+                    return api_failure(NAME, f"reading the record of GPU {device} on {node.name}", failure)
+                if _nominated_for(plan.pod, current, node):
+                    # Another instance preempting for this pod: it evicts (once), and relies on what this
+                    # attempt wrote, which stays. Both writing devices in the entries' order, the first
+                    # conflict stops one of them only.
+                    return unschedulable(NAME, f"GPU {device} on {node.name} was claimed for this pod by another"
+                                               " bind instance, which evicts; the pod is placed once its victims"
+                                               " are gone", "Waiting")
+                _release(written, cluster)
+                return unschedulable(NAME, f"GPU {device} on {node.name} was claimed by another preemptor or"
+                                           " bind instance first; nothing evicted", "Lost")
         for plan in plans:
             try:
                 cluster.nominate(plan.pod, plan.node.name)
@@ -446,12 +465,13 @@ class DefaultPreemption(PostFilterPlugin):
 def _nominated_already(plan: _Plan) -> bool:
     """Every device of the plan's pod is nominated for it, or for a pod of its workload (which
     shares its devices): an earlier attempt, instance or sibling evicted the victims."""
-    uid, mine = str(metadata(plan.pod).get("uid") or ""), workload_key(workload(plan.pod))
     devices = resolved(plan.state).placement.devices
-    node = plan.node
+    return bool(devices) and all(_nominated_for(plan.pod, plan.node.records.get(d), plan.node) for d in devices)
 
-    def ours(device: str) -> bool:
-        record = node.records.get(device)
-        nominee = nomination(record, node.now, node.gone)
-        return bool(nominee) and (nominee == uid or record.nominee_holder == mine)
-    return bool(devices) and all(ours(d) for d in devices)
+
+def _nominated_for(pod: Mapping[str, Any], record: Record | None, node: NodeSnapshot) -> bool:
+    """`record` is nominated, while that lasts (by the node snapshot's clock and the pods it saw
+    gone), for `pod` or a pod of its workload."""
+    nominee = nomination(record, node.now, node.gone)
+    return bool(nominee) and (nominee == str(metadata(pod).get("uid") or "")
+                              or record.nominee_holder == workload_key(workload(pod)))
