@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client
 
 from gpu_scheduler.fit import workload as fit_workload
+from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE  # where the stack's bind keeps its device records
 from gpu_scheduler.records import MANAGED_BY, Record, nominated_lease, record_name, workload_key
 
 from test_dra_cluster import RESOURCE, admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
@@ -43,7 +44,6 @@ from test_records_cluster import own_nodes, ready_instance  # noqa: F401 (own_no
 LOW, HIGH, HIGH_NEVER = "gs-test-low", "gs-test-high", "gs-test-high-never"
 PRIORITIES = {LOW: 10, HIGH: 1000, HIGH_NEVER: 1000}
 GRACE = 30  # the victims' terminationGracePeriodSeconds: long enough to see them Terminating
-RECORDS_NAMESPACE = "gpu-scheduler"  # where the stack's bind keeps its device records
 
 
 def create_priority_classes(stack, values: dict[str, int], never: str) -> None:
@@ -282,25 +282,25 @@ def test_an_instance_overtaken_by_another_preempting_for_the_same_pod_keeps_its_
     with stack_bind_stopped(stack):  # the stack's own bind decides nothing meanwhile
         stack.apply(with_class(pod_manifest(namespace, "urgent-0", f"0={node}:1,2\n"), HIGH))
         urgent = stack.wait_for(lambda: pod(stack, namespace, "urgent-0"), 20, "urgent-0 created")
-        who, uid = f"{namespace}/urgent-0", urgent["metadata"]["uid"]
+        who, uid, holder = f"{namespace}/urgent-0", urgent["metadata"]["uid"], workload_key(fit_workload(urgent))
         pods = admin.list_pods(f"spec.nodeName={node}") + [urgent]
         nodes = [n for page, _ in admin.list_nodes() for n in page]
         until = time.time() + GRACE + 60
         # the other instance's first write: GPU 1's record, at its version, nominated for urgent-0
-        one = Record.of(admin.read_lease(RECORDS_NAMESPACE, record_name(node, "1")))
-        admin.update_lease(RECORDS_NAMESPACE, one.name, nominated_lease(one, node, "1", who, uid, 1000, until,
-                                                                         workload_key(fit_workload(urgent))))
-        leases = [lease for page, _ in admin.list_leases(RECORDS_NAMESPACE, f"{MANAGED_BY}=gpu-scheduler") for lease in page]  # this instance's read
+        one = Record.of(admin.read_lease(DEFAULT_NAMESPACE, record_name(node, "1")))
+        admin.update_lease(DEFAULT_NAMESPACE, one.name, nominated_lease(one, node, "1", who, uid, 1000, until, holder))
+        # this instance's read: between the other's two writes
+        leases = [lease for page, _ in admin.list_leases(DEFAULT_NAMESPACE, f"{MANAGED_BY}=gpu-scheduler")
+                  for lease in page]
         # ... then its second, and its eviction
-        admin.create_lease(RECORDS_NAMESPACE, nominated_lease(None, node, "2", who, uid, 1000, until,
-                                                              workload_key(fit_workload(urgent))))
+        admin.create_lease(DEFAULT_NAMESPACE, nominated_lease(None, node, "2", who, uid, 1000, until, holder))
         admin.evict(namespace, victim["metadata"]["name"], victim["metadata"]["uid"])
 
         placer = synced_placer(admin, pods, nodes, leases)
         outcome = placer.place(urgent).outcome
         placer.recorder.flush()
         for device in ("1", "2"):
-            record = Record.of(admin.read_lease(RECORDS_NAMESPACE, record_name(node, device)))
+            record = Record.of(admin.read_lease(DEFAULT_NAMESPACE, record_name(node, device)))
             assert (device, record.nominee, record.nominee_uid) == (device, who, uid), outcome
         assert (f"preemption: GPU 2 on {node} was claimed for this pod by another bind instance, which evicts;"
                 " the pod is placed once its victims are gone") in outcome["message"], outcome
