@@ -39,7 +39,7 @@ $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functio
 
 venv: $(VENV)/.installed
 
-stack:  ## build what a stack runs, at K8S (once, cached): Kubernetes and its DRA test driver (1.34+), etcd, containerd, runc, CNI plugins, the images' base
+stack:  ## build what a stack runs, at K8S (once, cached): Kubernetes and its DRA test driver (1.34+), etcd, containerd, runc, CNI plugins, kube-proxy, nft, CoreDNS, the images' base
 	@bash localcp/build.sh --stack
 
 controlplane:  ## build everything make test and make bench use (once, cached): the stack's parts, helm, the workload controllers, Argo CD's CRDs

@@ -9,11 +9,11 @@
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
 # Sibling scripts add the nodes' parts, the DRA test driver (same version; from 1.34, the first
-# that serves resource.k8s.io/v1), helm, the workload controllers (JobSet, LeaderWorkerSet,
+# that serves resource.k8s.io/v1), the cluster network's kube-proxy, nft and CoreDNS, helm, the workload controllers (JobSet, LeaderWorkerSet,
 # Kueue) and Argo CD's CRDs.
 #   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
 #   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
-#                                   nodes' parts and the DRA test driver; not helm, the workload
+#                                   nodes' parts, the DRA test driver and the cluster network; not helm, the workload
 #                                   controllers (bash localcp/build-workloads.sh [jobset|lws|kueue]...)
 #                                   or Argo CD's CRDs
 # K8S_VERSION=<v> names the Kubernetes version of one call, before GPU_SCHEDULER_K8S.
@@ -85,6 +85,8 @@ if have_k8s; then log "cached: $BIN, $ETCD_DIR/bin"; else build_k8s; fi
 # Kubernetes' DRA test driver at the same version, the real nodes' DRA kubelet plugin (a no-op
 # before 1.34: nothing there serves resource.k8s.io/v1, and the nodes run no driver).
 bash "$HERE/build-dra.sh"
+# The cluster network of the real nodes: kube-proxy (same version), nft, CoreDNS.
+bash "$HERE/build-network.sh"
 if $stack_only; then exit 0; fi
 # helm, for the chart (chart/gpu-scheduler).
 bash "$HERE/build-helm.sh"

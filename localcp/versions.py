@@ -14,6 +14,7 @@ from pathlib import Path
 VERSIONS_FILE = Path(__file__).with_name("versions.env")
 K8S = "GPU_SCHEDULER_K8S"
 WORKLOAD_SETTINGS = {"jobset": "GPU_SCHEDULER_JOBSET", "lws": "GPU_SCHEDULER_LWS", "kueue": "GPU_SCHEDULER_KUEUE"}
+COREDNS = "GPU_SCHEDULER_COREDNS"  # cluster DNS: localcp/build-coredns.sh, localcp/coredns.py
 K8S_PATTERN = re.compile(r"v1\.(\d+)\.\d+")
 WORKLOAD_PATTERN = re.compile(r"v\d+\.\d+\.\d+")
 DRA_FIRST_MINOR = 34  # resource.k8s.io/v1 (DRA GA) served by default; 1.33 serves only the beta, off by default
@@ -48,6 +49,11 @@ def kubernetes() -> str:
 def workload(kind: str) -> str:
     """The version of a workload controller (jobset, lws, kueue)."""
     return setting(WORKLOAD_SETTINGS[kind])
+
+
+def coredns() -> str:
+    """The version of CoreDNS the stack's cluster DNS runs, e.g. v1.15.0."""
+    return setting(COREDNS)
 
 
 def minor(version: str) -> int:
