@@ -8,10 +8,13 @@ validation refuses a loopback address), and nothing here depends on a feature ga
 
 Nodes come in two kinds. By default no kubelet runs: Node objects are created by us and their
 Ready condition is kept fresh by a heartbeat thread, so the node-lifecycle controller treats them
-as healthy; pods get bound but never run (cheap: tests with hundreds of pods use these). With
-`kubelets` (node name -> loopback address), real kubelets (localcp/nodes.py) register the nodes
-themselves, and the API server reaches each by its Hostname, which it resolves to that address in
-a private /etc/hosts (its own mount namespace: the machine's /etc/hosts is not touched).
+as healthy; pods get bound but never run (cheap: tests with hundreds of pods use these), and the API
+server advertises 127.0.0.1 (`--endpoint-reconciler-type none`: the reconciler would write it into
+the kubernetes Service's endpoints, where validation refuses a loopback address). With `kubelets`
+(node name -> its address on the node network), real kubelets (localcp/nodes.py) register the
+nodes themselves on the cluster network of localcp/network.py, started here before the API server:
+the API server advertises the control plane's address there (10.240.0.1, its endpoint reconciler
+writing it into the kubernetes Service), and reaches kubelets and pods through its egress.
 kube-scheduler runs as in any cluster: it places pods of the default scheduler only.
 """
 from __future__ import annotations
@@ -31,7 +34,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import pki, versions
+from . import network, pki, versions
 
 CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE", Path.home() / ".cache" / "gpu-scheduler"))
 KUBERNETES_VERSION = versions.kubernetes()  # GPU_SCHEDULER_K8S; localcp/build.sh builds the same one
@@ -94,11 +97,18 @@ class ControlPlane:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.kubectl_path = str(BIN / "kubectl")
         self._tls_context: ssl.SSLContext | None = None
+        # The cluster network (real nodes only): the fabric, and the API server's address on it.
+        self.fabric = network.Fabric(self) if self.kubelets else None
+        self.egress_socket = self.workdir / "network" / "egress.sock"
+        self.cluster_server = f"https://{network.FABRIC_ADDRESS}:{self.api_port}"
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "ControlPlane":
         try:
             self._make_pki()
+            if self.fabric:
+                self.fabric.start()
+                network.start_podnet(self, self.fabric)
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
@@ -169,17 +179,19 @@ class ControlPlane:
         self.ca = pki.make_ca(d)
         self.serving = pki.make_cert(d, "apiserver", self.ca, "/CN=kube-apiserver",
                                      sans=("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc",
-                                           "IP:10.96.0.1"))  # the kubernetes Service, as pods reach it
+                                           f"IP:{network.KUBERNETES_SERVICE[0]}",  # the kubernetes Service, as pods reach it
+                                           f"IP:{network.FABRIC_ADDRESS}"))  # kubelets, kube-proxies
         self.admin = pki.make_cert(d, "admin", self.ca, "/O=system:masters/CN=admin", client=True)
         self.sa_key = pki.make_rsa_key(d / "sa.key")
         self.kubeconfig.write_text(self.kubeconfig_text(user={
             "client-certificate": str(self.admin[1]), "client-key": str(self.admin[0])}))
 
-    def kubeconfig_text(self, user: dict[str, str]) -> str:
-        """A kubeconfig for this API server with the given user credentials (JSON is YAML)."""
+    def kubeconfig_text(self, user: dict[str, str], server: str | None = None) -> str:
+        """A kubeconfig for this API server with the given user credentials (JSON is YAML);
+        server: another address of it (cluster_server, for what runs on the nodes)."""
         return json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
-            "clusters": [{"name": "local", "cluster": {"server": self.server,
+            "clusters": [{"name": "local", "cluster": {"server": server or self.server,
                                                         "certificate-authority": str(self.ca[1])}}],
             "users": [{"name": "user", "user": user}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
@@ -226,34 +238,34 @@ class ControlPlane:
         self._start_apiserver()
 
     def _start_apiserver(self) -> None:
+        if self.kubelets:
+            # On the cluster network: advertised there, with the lease reconciler keeping the
+            # kubernetes Service's endpoint; kubelets (by InternalIP) and webhooks in pods reached
+            # through the egress (localcp/network.py, localcp/podnet.py).
+            egress = self.workdir / "network" / "egress.yaml"
+            egress.write_text(network.egress_configuration(self.egress_socket))
+            placement = ["--advertise-address", network.FABRIC_ADDRESS, "--endpoint-reconciler-type", "lease",
+                         "--egress-selector-config-file", str(egress), "--enable-aggregator-routing=true",
+                         "--kubelet-preferred-address-types", "InternalIP"]
+        else:
+            placement = ["--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none"]
         argv = [
             str(BIN / "kube-apiserver"), "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", "127.0.0.1", *placement,
             "--secure-port", str(self.api_port),
             "--tls-cert-file", str(self.serving[1]), "--tls-private-key-file", str(self.serving[0]),
             "--client-ca-file", str(self.ca[1]),
             "--service-account-key-file", str(self.sa_key), "--service-account-signing-key-file", str(self.sa_key),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--api-audiences", "https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range", "10.96.0.0/16", "--authorization-mode", "Node,RBAC",
-            "--endpoint-reconciler-type", "none", "--profiling=false", "--v=1",
+            "--service-cluster-ip-range", network.SERVICE_RANGE, "--authorization-mode", "Node,RBAC",
+            "--profiling=false", "--v=1",
             # logs, exec: the API server calls kubelets with the admin client certificate
             "--kubelet-client-certificate", str(self.admin[1]), "--kubelet-client-key", str(self.admin[0]),
             *self.apiserver_flags,
         ]
-        if self.kubelets:
-            argv = self._with_node_hosts(argv + ["--kubelet-preferred-address-types", "Hostname"])
         self._spawn("kube-apiserver", argv)
         self._wait("kube-apiserver", lambda: self.get("/readyz") == b"ok", "/readyz", timeout=90)
-
-    def _with_node_hosts(self, argv: list[str]) -> list[str]:
-        """argv in a mount namespace of its own whose /etc/hosts also names the kubelets (the
-        kubelet refuses a loopback node IP, so the API server reaches them by Hostname)."""
-        hosts = self.workdir / "hosts"
-        hosts.write_text(Path("/etc/hosts").read_text() + "".join(
-            f"{address} {name}\n" for name, address in self.kubelets.items()))
-        return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
-                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
 
     def _start_controller_manager(self) -> None:
         # With kubelets, Ready comes from their leases (renewed every 5 s): NotReady after 20 s.

@@ -9,11 +9,10 @@ no service links) and what differs here, each for a reason:
 - runAsUser and runAsGroup: the image's numeric USER (65532:65532), as check/statefulset.yaml
   sets them. Without them the kubelet passes containerd only the image's uid, and the process
   runs with group 0 (root's group): seen here with knative/*-service.yaml as shipped.
-- The probes are the shipped ones, on /health/readiness and /health/liveness, run by the pod
-  itself (exec: Python's urllib on 127.0.0.1 in the pod) instead of httpGet: the kubelets run in
-  the machine's network namespace, where pod addresses are not routed (they live in the nodes'
-  namespaces), so the kubelet's own GET would leave the machine. In Knative the queue-proxy
-  sidecar probes the container from inside the pod too.
+- The probes are the shipped httpGet ones, on /health/readiness and /health/liveness, run by the
+  kubelet from its node's namespace (localcp/network.py), with the port (and for mutate the HTTPS
+  scheme) that Knative's controller fills in for a revision's container, and a period and
+  threshold of our own: Knative's queue-proxy probes far more often than a kubelet's default 10 s.
 - mutate serves TLS itself: gunicorn, the server functions-framework runs, with a certificate
   for mutate.gpu-scheduler.svc from a Secret. In Knative, Kourier terminates TLS
   (cluster-local-domain-tls) and the container serves plain HTTP on PORT.
@@ -35,9 +34,6 @@ PORT = 8080  # Knative's PORT for a revision's container (the images' default to
 SERVICE_PORTS = {"bind": 80, "mutate": 443}
 TLS_SECRET = "mutate-tls"
 TLS_DIR = "/tls"
-# The probe, run with the image's python: fails (exit 1) unless the GET answers 2xx in 2 s.
-PROBE = ("import ssl, sys, urllib.request; "
-         "urllib.request.urlopen(sys.argv[1], timeout=2, context=ssl._create_unverified_context())")
 
 
 def knative_service(name: str) -> dict:
@@ -54,9 +50,7 @@ def deployment(name: str) -> dict:
     container["env"] = [*container.get("env", []), {"name": "PORT", "value": str(PORT)}]
     container["ports"] = [{"containerPort": PORT, "name": "https" if tls else "http"}]
     for probe, period in (("readinessProbe", 5), ("livenessProbe", 10)):
-        path = container[probe]["httpGet"]["path"]
-        url = f"{'https' if tls else 'http'}://127.0.0.1:{PORT}{path}"
-        container[probe] = {"exec": {"command": ["python", "-c", PROBE, url]},
+        container[probe] = {"httpGet": {**container[probe]["httpGet"], "port": PORT, "scheme": "HTTPS" if tls else "HTTP"},
                             "periodSeconds": period, "timeoutSeconds": 5, "failureThreshold": 3}
     pod["enableServiceLinks"] = False  # as Knative sets it
     user, group = images.read_dockerfile(images.FUNCTIONS[name][0]).user.split(":")
@@ -89,11 +83,3 @@ def tls_secret(key: Path, crt: Path) -> dict:
             "data": {"tls.crt": base64.b64encode(crt.read_bytes()).decode(),
                      "tls.key": base64.b64encode(key.read_bytes()).decode()}}
 
-
-def egress_configuration(socket: Path) -> str:
-    """kube-apiserver's --egress-selector-config-file: its connections to the cluster (webhook
-    Services, kubelets) as HTTP CONNECTs over localcp/podnet.py's Unix socket."""
-    return yaml.safe_dump({
-        "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
-        "egressSelections": [{"name": "cluster", "connection": {
-            "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket)}}}}]})

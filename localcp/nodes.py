@@ -19,22 +19,24 @@ Each node keeps everything it changes to itself, and nothing outlives the stack:
   namespaces, the kubelet's /var/log/containers links, the CNI result cache in /var/lib/cni) and, bind-mounted over the kernel tunables the kubelet
   would otherwise set machine-wide (vm.overcommit_memory, kernel.panic, ...), files holding the
   values it wants. Every mount dies with the namespace.
-- A network namespace per node (the holder's) is the "host" side of its pods' network: the ptp
-  CNI plugin runs inside it, so the pod veth pairs, their gateway addresses and the IP forwarding
-  it enables live there and not on the machine. Pods route the Service range (10.96.0.0/16) to
-  their gateway there, and the namespace's loopback holds the kubernetes Service's address
-  (10.96.0.1): in the in-cluster stack, localcp/podnet.py listens there for the API server.
-  Nothing else sends pods traffic.
+- A network namespace per node (the holder's), the node's own, as on a real node: the kubelet,
+  containerd, the DRA driver, kube-proxy and the host ends of the pods' ptp veth pairs (their
+  gateway, and the IP forwarding) share it. localcp/network.py joins it to the stack's fabric
+  (eth0, with the node's address 10.240.0.(10+N)) and routes the other nodes' pod ranges. The
+  kubelet probes pods from there, directly; kube-proxy (nftables mode) gives the pods and the node
+  the Service addresses; CoreDNS (a Deployment of kube-system, localcp/coredns.py) answers the
+  kubelet's --cluster-dns.
 - Its own directory under the stack's run directory: containerd root, state, socket, config,
   CNI configuration and IPAM state, CDI specs, the kubelet's root (with the DRA driver's sockets),
   pod logs and certificates.
 - Its own cgroup root (/gpu-scheduler-<run>-<node> in each v1 hierarchy), created before the
   kubelet starts and removed after everything stopped.
-- Its own loopback address, 127.0.0.1x: the kubelet listens there, and the API server, which
-  resolves the node names to these addresses in a private /etc/hosts, reaches it by Hostname.
+- Its address on the node network: the kubelet listens there (port 10250, the usual one: each
+  node has its own namespace), and registers it as the Node's InternalIP, which the API server
+  dials through its egress (localcp/podnet.py) for logs, exec and port-forward.
 
 Stopping: pods are deleted through the API first (workload controllers first, so nothing comes
-back), then each kubelet, its DRA driver, what containerd still runs, containerd itself, any shim of ours,
+back), then each kubelet, its DRA driver, its kube-proxy, what containerd still runs, containerd itself, any shim of ours,
 the holder (mounts, network namespaces, veths), and the cgroups. leftovers() lists what would
 remain; the tests require it to be empty.
 """
@@ -51,9 +53,8 @@ import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import images, pki
-from .cluster import BIN, CACHE, DRA_SERVED, KUBERNETES_VERSION, NODES, ControlPlane, ProcessFailed, free_port
-from .podnet import KUBERNETES_SERVICE, SERVICE_RANGE
+from . import coredns, images, network, pki
+from .cluster import BIN, CACHE, DRA_SERVED, KUBERNETES_VERSION, NODES, ControlPlane, ProcessFailed
 
 NODE_BIN = images.NODE_DIR / "bin"  # runc
 CNI_BIN = images.NODE_DIR / "cni"
@@ -77,8 +78,8 @@ def device_class(name: str = DRA_DRIVER) -> dict:
 
 
 def node_addresses(names=NODES) -> dict[str, str]:
-    """node1 -> 127.0.0.11, ...: each kubelet's own loopback address."""
-    return {name: f"127.0.0.{11 + i}" for i, name in enumerate(names)}
+    """node1 -> 10.240.0.11, ...: each node's address on the node network (localcp/network.py)."""
+    return {name: network.node_address(i + 1) for i, name in enumerate(names)}
 
 
 def cgroup_hierarchies() -> list[Path]:
@@ -111,7 +112,7 @@ class Node:
         self.dir = cp.workdir / "nodes" / name
         self.socket = self.dir / "containerd.sock"
         self.cgroup_root = f"/gpu-scheduler-{cp.workdir.name}-{name}"
-        self.kubelet_port = free_port()
+        self.kubelet_port = 10250
         self.holder: subprocess.Popen | None = None
 
     # -- names of its processes in cp.processes ------------------------------------------------
@@ -126,6 +127,10 @@ class Node:
     @property
     def dra(self) -> str:
         return f"dra-{self.name}"
+
+    @property
+    def proxy(self) -> str:
+        return f"kube-proxy-{self.name}"
 
     def kubelet_running(self) -> bool:
         process = self.cp.processes.get(self.kubelet)
@@ -148,18 +153,16 @@ class Node:
             fake = self.dir / "sysctl" / tunable.replace("/", ".")
             fake.write_text(value + "\n")
             mounts.append(f"mount --bind {fake} /proc/sys/{tunable}")
-        # The namespace's own loopback, with the kubernetes Service's address (see the docstring).
-        network = ["ip link set lo up", f"ip address add {KUBERNETES_SERVICE[0]}/32 dev lo"]
         ready = self.dir / "holder.ready"
-        script = " && ".join(["set -e", *mounts, *network, f"touch {ready}", "exec sleep infinity"])
+        script = " && ".join(["set -e", *mounts, "ip link set lo up", f"touch {ready}", "exec sleep infinity"])
         self.holder = self.cp._spawn(f"node-{self.name}", [
             "unshare", "--mount", "--propagation", "slave", "--net", "--", "sh", "-c", script])
         self.cp._wait(f"node-{self.name}", ready.exists, "mount and network namespace", timeout=10)
+        self.cp.fabric.attach(self.name, self.index, self.netns)
 
     def _in_namespace(self, argv: list[str]) -> list[str]:
-        """argv run in the node's mount namespace (and the machine's network: the API server and
-        the kubelet's address are on its loopback)."""
-        return ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt", "--", *argv]
+        """argv run in the node's mount and network namespaces."""
+        return ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt", f"--net={self.netns}", "--", *argv]
 
     def _make_cgroups(self) -> None:
         for hierarchy in cgroup_hierarchies():
@@ -171,24 +174,22 @@ class Node:
 
     def _write_cni(self) -> None:
         cni_bin = self.dir / "cni-bin"
-        for plugin in ("host-local", "loopback"):
+        for plugin in ("ptp", "host-local", "loopback"):
             target = cni_bin / plugin
             if not target.exists():
                 target.symlink_to(CNI_BIN / plugin)
-        # ptp runs inside the node's network namespace: that is where the host ends of its veth
-        # pairs go, with their addresses and the forwarding it switches on.
-        ptp = cni_bin / "ptp"
-        ptp.write_text(f'#!/bin/sh\nexec nsenter --net=/proc/{self.holder.pid}/ns/net -- {CNI_BIN / "ptp"} "$@"\n')
-        ptp.chmod(0o755)
+        # containerd runs in the node's namespace, so ptp puts the host ends of its veth pairs,
+        # their gateway addresses and forwarding there. A pod's default route is its gateway, as
+        # with any CNI; the node has no default route, so nothing goes past the cluster network.
         (self.dir / "cni-conf" / "10-ptp.conflist").write_text(json.dumps({
             "cniVersion": "0.4.0", "name": f"gpu-scheduler-{self.name}",
             "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {
                 "type": "host-local", "dataDir": str(self.dir / "cni-ipam"),
-                "ranges": [[{"subnet": self.pod_range}]], "routes": [{"dst": SERVICE_RANGE}]}}]}))
+                "ranges": [[{"subnet": self.pod_range}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}))
 
     @property
     def pod_range(self) -> str:
-        return f"10.244.{self.index}.0/24"
+        return network.pod_range(self.index)
 
     @property
     def netns(self) -> str:
@@ -247,7 +248,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         key, crt = pki.make_cert(d, "kubelet-client", self.cp.ca, f"/O=system:nodes/CN=system:node:{self.name}",
                                  client=True)
         kubeconfig = d / "kubelet.kubeconfig"
-        kubeconfig.write_text(self.cp.kubeconfig_text(user={"client-certificate": str(crt), "client-key": str(key)}))
+        kubeconfig.write_text(self.cp.kubeconfig_text(user={"client-certificate": str(crt), "client-key": str(key)},
+                                                      server=self.cp.cluster_server))
         config = d / "kubelet.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -258,6 +260,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root, "failCgroupV1": False,
             "failSwapOn": False, "oomScoreAdj": 0, "resolvConf": "",
+            # CoreDNS's kube-dns Service, as kubeadm configures every kubelet.
+            "clusterDNS": [network.CLUSTER_DNS], "clusterDomain": network.CLUSTER_DOMAIN,
             "podLogsDir": str(d / "pod-logs"), "volumePluginDir": str(d / "volume-plugins"),
             # Fast enough for tests: status every 4 s, lease renewed every 5 s (20 s / 4).
             "nodeStatusUpdateFrequency": "4s", "nodeLeaseDurationSeconds": 20, "syncFrequency": "10s",
@@ -272,10 +276,47 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             kubeconfig, config = self._kubelet_files()
         self.cp._spawn(self.kubelet, self._in_namespace([
             str(BIN / "kubelet"), "--config", str(config), "--kubeconfig", str(kubeconfig),
-            "--root-dir", str(self.dir / "kubelet"), "--hostname-override", self.name, "--v=1"]))
+            "--root-dir", str(self.dir / "kubelet"), "--hostname-override", self.name,
+            "--node-ip", self.address, "--v=1"]))
 
     def stop_kubelet(self) -> None:
         self.cp._terminate(self.kubelet)
+
+    # -- kube-proxy ------------------------------------------------------------------------------
+    def start_proxy(self) -> None:
+        """The real kube-proxy (the control plane's build) in the node's namespace, nftables mode
+        with Debian's nft, as the user kubeadm gives it (system:kube-proxy, bound by default to
+        system:node-proxier). It leaves the conntrack settings as they are (maxPerCore 0, no
+        timeouts), which are the machine's, and keeps its OOM score (the machine forbids lowering
+        it)."""
+        d = self.dir
+        key, crt = pki.make_cert(d, "kube-proxy", self.cp.ca, "/CN=system:kube-proxy", client=True)
+        kubeconfig = d / "kube-proxy.kubeconfig"
+        kubeconfig.write_text(self.cp.kubeconfig_text(user={"client-certificate": str(crt), "client-key": str(key)},
+                                                      server=self.cp.cluster_server))
+        config = d / "kube-proxy.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "mode": "nftables", "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "hostnameOverride": self.name, "clusterCIDR": network.CLUSTER_CIDR,
+            "bindAddress": self.address, "healthzBindAddress": f"{self.address}:10256",
+            "metricsBindAddress": "127.0.0.1:10249", "oomScoreAdj": 0,
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        }, indent=1))
+        env = {**os.environ, "PATH": f"{network.NFT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.cp._spawn(self.proxy, self._in_namespace([str(network.kube_proxy_binary()), "--config", str(config),
+                                                       "--v=1"]), env=env)
+
+    def proxy_ready(self) -> bool:
+        """kube-proxy has written the kubernetes Service's address into its nftables map."""
+        done = subprocess.run(network.in_netns(self.netns, [str(network.NFT_BIN / "nft"), "list", "map", "ip",
+                                                            "kube-proxy", "service-ips"]),
+                              capture_output=True, text=True)
+        return done.returncode == 0 and network.KUBERNETES_SERVICE[0] in done.stdout
+
+    def proxy_running(self) -> bool:
+        process = self.cp.processes.get(self.proxy)
+        return process is not None and process.poll() is None
 
     def start_dra(self, devices: int = int(GPUS)) -> None:
         """The DRA test driver as this node's kubelet plugin: its registration socket in the
@@ -297,6 +338,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     # -- stop ------------------------------------------------------------------------------------
     def stop(self) -> None:
         self.stop_kubelet()
+        self.cp._terminate(self.proxy)
         self.cp._terminate(self.dra)  # after the kubelet: it unprepares claims of pods it stops
         if self.holder is None:
             return
@@ -374,6 +416,7 @@ class Nodes:
         self.cp = cp
         self.pause = images.pause_image()
         self.check = images.check_image()
+        self.coredns = coredns.coredns_image()
         self.extra_images = list(extra_images)
         self.nodes = {name: Node(cp, name, address, i + 1, self.pause)
                       for i, (name, address) in enumerate(node_addresses(names).items())}
@@ -388,7 +431,7 @@ class Nodes:
 
             def runtime(node: Node) -> None:
                 try:
-                    node.start_runtime([self.pause, self.check, *self.extra_images])
+                    node.start_runtime([self.pause, self.check, self.coredns, *self.extra_images])
                 except BaseException as error:  # reported below, after the others finished
                     errors.append(error)
             threads = [threading.Thread(target=runtime, args=(n,)) for n in self.nodes.values()]
@@ -398,9 +441,15 @@ class Nodes:
                 thread.join()
             if errors:
                 raise errors[0]
+            if not network.kube_proxy_binary().exists():
+                raise FileNotFoundError(f"kube-proxy for {KUBERNETES_VERSION} is not built ({network.kube_proxy_binary()}):"
+                                        " run bash localcp/build-network.sh")
             for node in self.nodes.values():
                 node.start_kubelet()
+                node.start_proxy()
             self.wait_ready(timeout)
+            self.wait_proxies(timeout)
+            self.start_dns(timeout)
             if DRA_SERVED:
                 self.start_dra()
         except BaseException:
@@ -408,6 +457,38 @@ class Nodes:
             raise
         self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready, slices out
         return self
+
+    # -- the cluster network ---------------------------------------------------------------------
+    def wait_proxies(self, timeout: float = 60) -> None:
+        """Every node's kube-proxy has synced the Services (the kubernetes one in its map)."""
+        deadline = time.monotonic() + timeout
+        while not all(node.proxy_ready() for node in self.nodes.values()):
+            for node in self.nodes.values():
+                if not node.proxy_running():
+                    raise ProcessFailed(f"{node.proxy} exited:\n{self.cp.log_tail(node.proxy)}")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"kube-proxy not synced after {timeout}s:\n" +
+                                    "\n".join(self.cp.log_tail(n.proxy, 10) for n in self.nodes.values()))
+            time.sleep(0.3)
+
+    def start_dns(self, timeout: float = 90) -> None:
+        """CoreDNS as kubeadm installs it (localcp/coredns.py), Ready: kube-dns has a ready endpoint
+        for each replica."""
+        for manifest in coredns.manifests(self.coredns.name, network.CLUSTER_DNS, network.CLUSTER_DOMAIN):
+            self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        deadline = time.monotonic() + timeout
+        while len(self.dns_endpoints()) < coredns.REPLICAS:
+            if time.monotonic() > deadline:
+                pods = self.cp.kubectl("get", "pods", "-n", "kube-system", "-o", "wide", check=False).stdout
+                events = self.cp.kubectl("get", "events", "-n", "kube-system", check=False).stdout
+                raise ProcessFailed(f"CoreDNS not ready after {timeout}s:\n{pods}\n{events[-3000:]}")
+            time.sleep(0.5)
+
+    def dns_endpoints(self) -> list[str]:
+        slices = json.loads(self.cp.get("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices"
+                                        "?labelSelector=kubernetes.io/service-name=kube-dns"))["items"]
+        return sorted({e["addresses"][0] for s in slices for e in s.get("endpoints") or []
+                       if e.get("conditions", {}).get("ready")})
 
     # -- DRA -----------------------------------------------------------------------------------
     def start_dra(self, timeout: float = 30) -> None:
@@ -543,4 +624,7 @@ class Nodes:
         interfaces = [line for line in links.splitlines() if "veth" in line]
         holders = [n.holder.pid for n in self.nodes.values() if n.holder]
         namespaces = [f"node holder {pid}" for pid in holders if Path(f"/proc/{pid}").exists()]
+        fabric = self.cp.fabric.holder if self.cp.fabric else None
+        if fabric is not None and Path(f"/proc/{fabric.pid}").exists() and fabric.poll() is None:
+            namespaces.append(f"fabric holder {fabric.pid}")
         return Leftovers(mine, mounts, cgroups, interfaces, namespaces)

@@ -1,45 +1,41 @@
-"""The pod network's links to the machine, for the in-cluster stack (LocalStack(in_cluster=True)):
-what kube-proxy, the nodes' routes and an API server network proxy (konnectivity) do in a cluster,
-as one small process that holds sockets both in the machine's network namespace and in the node
-network namespaces the stack created (localcp/nodes.py), and relays bytes between them.
+"""The links between the machine's network namespace, where the control plane runs, and the
+cluster network of the local stack (localcp/network.py): one small process that holds sockets on
+both sides and relays bytes between them, as a control plane's machine does by being on the
+node network. It connects only to the machine's loopback and to node and pod addresses dialled
+inside the fabric namespace (or, for a door, to a Service's address inside a node's namespace,
+where kube-proxy resolves it); any other destination is refused. Nothing is added to the machine's
+own network namespace: no interface, address or route.
 
-It connects only to loopback addresses of the machine and to pod addresses inside those node
-namespaces; any other destination is refused. Nothing is added to the machine's own network
-namespace: no interface, address or route.
+- The API server on the node network: a listener on 10.240.0.1:<port> in the fabric namespace,
+  relaying to the API server's loopback port. The kubelets and kube-proxies are configured with
+  this address, and the kubernetes Service's endpoint is it (kube-proxy DNATs 10.96.0.1:443 there).
+- The API server's egress (kube-apiserver --egress-selector-config-file, egress `cluster`,
+  HTTPConnect over a Unix socket): the API server sends `CONNECT host:port`; a node or pod
+  address is dialled in the fabric, a loopback one on the machine. With
+  --enable-aggregator-routing the API server resolves a webhook's Service to a ready endpoint
+  itself, so mutate is reached through its Service. What a konnectivity server and agent do.
+- Doors (a second process, `doors` in its configuration): a loopback port of the machine relaying
+  each connection to a Service's ClusterIP, dialled inside a node's namespace: the way in for what
+  runs on the machine and sends to a Service in the cluster (the event source's stand-in, to bind),
+  as `kubectl port-forward` is for a user. kube-proxy picks the endpoint.
 
-- The kubernetes Service, per node: a listener on 10.96.0.1:443 inside the node's namespace (the
-  address is on that namespace's loopback, and the pods route the Service range to their gateway
-  there), relaying to the API server's loopback port. Pods read the API as in any cluster, from
-  KUBERNETES_SERVICE_HOST/PORT with their ServiceAccount token.
-- The API server's egress to the cluster (kube-apiserver --egress-selector-config-file, egress
-  `cluster`, HTTPConnect over a Unix socket): the API server sends `CONNECT host:port`; a pod
-  address is dialled inside the namespace of the node whose pod range holds it, a node's name at
-  that kubelet's loopback address. With --enable-aggregator-routing the API server resolves a
-  webhook's Service to one of its ready endpoints itself, so mutate is reached through its Service.
-- Services for the machine: a loopback port relaying each connection to a ready endpoint of a
-  Service, read from its EndpointSlices at that moment (the event source's and ping's way to bind).
-
-    python -m localcp.podnet CONFIG.json     (LocalStack writes the file and starts it)
+    python -m localcp.podnet CONFIG.json     (localcp/network.py and LocalStack write it and start it)
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 import ipaddress
 import json
 import os
 import socket
-import ssl
 import sys
 import threading
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
-KUBERNETES_SERVICE = ("10.96.0.1", 443)  # the first address of --service-cluster-ip-range
-SERVICE_RANGE = "10.96.0.0/16"
 _libc = ctypes.CDLL(None, use_errno=True)
+# The node network and the pod ranges (localcp/network.py): what the egress dials in the fabric.
+CLUSTER_NETWORKS = (ipaddress.ip_network("10.240.0.0/24"), ipaddress.ip_network("10.244.0.0/16"))
 
 
 def log(message: str) -> None:
@@ -100,38 +96,28 @@ def _guarded(handle, conn: socket.socket, name: str) -> None:
 class PodNetwork:
     def __init__(self, config: dict):
         self.config = config
-        self.apiserver = ("127.0.0.1", config["apiserver_port"])
-        self.nodes = config["nodes"]  # name -> {"address", "netns", "pods"}
-        self.ranges = [(ipaddress.ip_network(n["pods"]), n["netns"]) for n in self.nodes.values()]
+        self.apiserver = ("127.0.0.1", config.get("apiserver_port", 0))
+        self.fabric = config.get("fabric", "")
 
-    @functools.cached_property
-    def tls(self) -> ssl.SSLContext:
-        """The admin's client certificate, for reading EndpointSlices."""
-        context = ssl.create_default_context(cafile=self.config["ca"])
-        context.load_cert_chain(self.config["cert"], self.config["key"])
-        return context
-
-    # -- where an address is -------------------------------------------------------------------
-    def dial(self, host: str, port: int) -> socket.socket:
-        """A connection to a pod (in its node's namespace), a node's kubelet or the API server
-        (the machine's loopback); OSError for anything else."""
-        if host in self.nodes:
-            host = self.nodes[host]["address"]
+    def dial(self, host: str, port: int, netns: str | None = None) -> socket.socket:
+        """A connection to a node or pod address (in the fabric) or the machine's loopback;
+        PermissionError for anything else. netns: dial there instead (a door's node)."""
         address = ipaddress.ip_address(host)
-        if address.is_loopback:
-            netns = None
-        else:
-            netns = next((ns for pods, ns in self.ranges if address in pods), "")
-            if not netns:
-                raise PermissionError(f"{host} is neither a pod of a node nor loopback: refused")
+        if netns is None:
+            if address.is_loopback:
+                netns = None
+            elif any(address in net for net in CLUSTER_NETWORKS) and self.fabric:
+                netns = self.fabric
+            else:
+                raise PermissionError(f"{host} is neither on the node network, in a pod range nor loopback: refused")
         conn = socket_in(netns)
         conn.settimeout(5)
         conn.connect((str(address), port))
         conn.settimeout(None)
         return conn
 
-    # -- the kubernetes Service in each node -----------------------------------------------------
-    def kubernetes_service(self, conn: socket.socket) -> None:
+    # -- the API server on the node network -------------------------------------------------------
+    def apiserver_link(self, conn: socket.socket) -> None:
         relay(conn, self.dial(*self.apiserver))
 
     # -- the API server's egress -----------------------------------------------------------------
@@ -158,42 +144,34 @@ class PodNetwork:
         conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         relay(conn, upstream)
 
-    # -- Services for the machine --------------------------------------------------------------
-    def endpoint(self, namespace: str, name: str) -> tuple[str, int]:
-        """A ready endpoint of the Service (its first port), as kube-proxy would pick one."""
-        query = urllib.parse.urlencode({"labelSelector": f"kubernetes.io/service-name={name}"})
-        url = f"{self.config['server']}/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?{query}"
-        with urllib.request.urlopen(url, context=self.tls, timeout=5) as response:
-            slices = json.load(response)["items"]
-        for piece in slices:
-            ports = [p["port"] for p in piece.get("ports") or [] if p.get("port")]
-            for endpoint in piece.get("endpoints") or []:
-                if ports and endpoint.get("conditions", {}).get("ready"):
-                    return endpoint["addresses"][0], ports[0]
-        raise ConnectionRefusedError(f"Service {namespace}/{name} has no ready endpoint")
+    # -- doors: a Service's address, from the machine ----------------------------------------------
+    def door(self, service: dict):
+        """Each connection relayed to the Service's ClusterIP and port, dialled in a node's
+        namespace (kube-proxy there chooses the endpoint)."""
+        ipaddress.ip_address(service["cluster_ip"])  # a ClusterIP, never a name to resolve
 
-    def service(self, namespace: str, name: str):
         def handle(conn: socket.socket) -> None:
-            relay(conn, self.dial(*self.endpoint(namespace, name)))
+            relay(conn, self.dial(service["cluster_ip"], service["service_port"], netns=service["netns"]))
         return handle
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> None:
-        for node, spec in self.nodes.items():
-            listener = socket_in(spec["netns"])
+        if self.fabric:
+            listener = socket_in(self.fabric)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(KUBERNETES_SERVICE)
-            listener.listen(64)
-            serve(listener, self.kubernetes_service, f"kubernetes-service-{node}")
-        egress = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        egress.bind(self.config["egress_socket"])
-        egress.listen(64)
-        serve(egress, self.egress, "egress")
-        for service in self.config["services"]:
+            listener.bind(tuple(self.config["listen"]))
+            listener.listen(128)
+            serve(listener, self.apiserver_link, "apiserver-link")
+        if self.config.get("egress_socket"):
+            egress = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            egress.bind(self.config["egress_socket"])
+            egress.listen(128)
+            serve(egress, self.egress, "egress")
+        for service in self.config.get("doors", ()):
             listener = socket.socket()
             listener.bind(("127.0.0.1", service["port"]))
             listener.listen(64)
-            serve(listener, self.service(service["namespace"], service["name"]), f"service-{service['name']}")
+            serve(listener, self.door(service), f"door-{service['name']}")
         log("pod network links ready")
 
 

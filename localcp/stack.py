@@ -7,8 +7,9 @@ By default bind and mutate run as processes of this machine, beside the control 
 source tree (bind with a kubeconfig holding a bound token of its ServiceAccount). With
 in_cluster=True they run as pods on the real nodes, from their images (localcp/images.py), as
 Knative would run them (localcp/incluster.py): bind reads the API with its pod's ServiceAccount
-token, and the API server calls mutate through its Service (localcp/podnet.py says how the
-traffic flows without leaving the machine's loopback and the stack's own network namespaces).
+token, and the API server calls mutate through its Service. Real nodes come with the cluster
+network of localcp/network.py (kube-proxy, CoreDNS, routes between nodes); localcp/podnet.py says
+how the control plane and the machine reach into it without a packet leaving the machine.
 """
 from __future__ import annotations
 
@@ -76,13 +77,6 @@ class LocalStack:
         self.bind_port = free_port()
         self.mutate_url = f"https://127.0.0.1:{self.mutate_port}"
         self.bind_url = f"http://127.0.0.1:{self.bind_port}"  # in_cluster: the bind Service, via podnet
-        if in_cluster:
-            self.podnet_dir = self.cp.workdir / "nodes"
-            self.podnet_dir.mkdir(parents=True, exist_ok=True)
-            egress = self.podnet_dir / "egress.json"
-            egress.write_text(incluster.egress_configuration(self.podnet_dir / "egress.sock"))
-            self.cp.apiserver_flags += ["--egress-selector-config-file", str(egress),
-                                        "--enable-aggregator-routing=true"]
 
     def __enter__(self) -> "LocalStack":
         try:
@@ -94,9 +88,9 @@ class LocalStack:
                 self.nodes = Nodes(self.cp, extra_images=functions).start()
             self.api = self._admin_api()
             if self.in_cluster:
-                self._start_pod_network()
                 if self.functions:
                     self._deploy_functions()
+                    self._open_doors()
             else:
                 self._start_mutate()
             if self.webhook:
@@ -215,20 +209,17 @@ class LocalStack:
         self.cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-scheduler", "--ignore-not-found")
 
     # -- in the cluster ----------------------------------------------------------------------
-    def _start_pod_network(self) -> None:
-        """localcp/podnet.py for these nodes: the kubernetes Service in each node's namespace,
-        the API server's egress, and the bind Service on the machine's loopback (bind_url)."""
-        config, ready = self.podnet_dir / "podnet.json", self.podnet_dir / "podnet.ready"
-        config.write_text(json.dumps({
-            "apiserver_port": self.cp.api_port, "server": self.cp.server, "ca": str(self.cp.ca[1]),
-            "cert": str(self.cp.admin[1]), "key": str(self.cp.admin[0]),
-            "nodes": {n.name: {"address": n.address, "netns": n.netns, "pods": n.pod_range}
-                      for n in self.nodes.nodes.values()},
-            "egress_socket": str(self.podnet_dir / "egress.sock"), "ready": str(ready),
-            "services": [{"namespace": incluster.NAMESPACE, "name": "bind", "port": self.bind_port}]}))
-        self.cp._spawn("podnet", [PYTHON, "-m", "localcp.podnet", str(config)],
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-        self.cp._wait("podnet", ready.exists, "its listeners", timeout=20)
+    def _open_doors(self) -> None:
+        """The bind Service on the machine's loopback (bind_url), for what runs on the machine and
+        sends to it (the event source's stand-in, ping): localcp/podnet.py relays each connection
+        to the Service's ClusterIP inside node1's namespace, where kube-proxy picks the endpoint."""
+        service = json.loads(self.cp.get(f"/api/v1/namespaces/{incluster.NAMESPACE}/services/bind"))
+        config, ready = self.cp.workdir / "network" / "doors.json", self.cp.workdir / "network" / "doors.ready"
+        config.write_text(json.dumps({"ready": str(ready), "doors": [{
+            "name": "bind", "port": self.bind_port, "cluster_ip": service["spec"]["clusterIP"],
+            "service_port": incluster.SERVICE_PORTS["bind"], "netns": self.nodes["node1"].netns}]}))
+        self.cp._spawn("doors", [PYTHON, "-m", "localcp.podnet", str(config)], env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.cp._wait("doors", ready.exists, "its listeners", timeout=20)
 
     def _deploy_functions(self, timeout: float = 180) -> None:
         """bind and mutate as Deployments and Services (localcp/incluster.py), with the accounts
