@@ -4,9 +4,8 @@
 The stack is LocalStack(in_cluster=True, functions=False): kubelets with containerd that hold the
 bind and mutate images built from this tree (localcp/images.py), and the pod network, but no
 gpu-scheduler of its own: the release is all there is. Its values are the chart's with this
-machine's images (pullPolicy Never: they are loaded into the nodes, not pulled) and probes.exec
-(the kubelets here cannot reach pod addresses: localcp/incluster.py). Everything else is the
-default: two replicas each, the chart's own certificate for mutate (no cert-manager here), quotas
+machine's images (pullPolicy Never: they are loaded into the nodes, not pulled); the kubelets
+probe the pods with the chart's own httpGet probes. Everything else is the default: two replicas each, the chart's own certificate for mutate (no cert-manager here), quotas
 on, the uninstall hook.
 
 - install: bind and mutate Ready (two ready endpoints each); the seed StatefulSet
@@ -56,7 +55,7 @@ def helm_binary() -> str:
 
 
 def values() -> list[str]:
-    args = ["--set", "runtime=deployments", "--set", "probes.exec=true"]
+    args = ["--set", "runtime=deployments"]
     for name in ("bind", "mutate"):
         repository, tag = images.function_image(name).name.rsplit(":", 1)
         args += ["--set", f"{name}.image.repository={repository}", "--set-string", f"{name}.image.tag={tag}",

@@ -180,39 +180,21 @@ securityContext:
     type: RuntimeDefault
 {{- end -}}
 
-{{/* runtime deployments: the kubelet's probes on functions-framework's health paths (httpGet), or
-with probes.exec the image's python fetching them inside the pod (the local control plane):
+{{/* runtime deployments: the kubelet's probes on functions-framework's health paths (httpGet):
 include "gpu-scheduler.deploymentProbes" (list . "HTTPS" "https" 8443). Readiness every 5 s, failing
 at once: a SIGTERM's drain (15 s, serving/gunicorn_config.py) takes the pod out of the endpoints
 well before it stops. */}}
 {{- define "gpu-scheduler.deploymentProbes" -}}
-{{- $root := index . 0 -}}
 {{- $scheme := index . 1 -}}
-{{- $port := index . 3 -}}
 {{- range $probe := list (list "readinessProbe" "/health/readiness" 5 1) (list "livenessProbe" "/health/liveness" 10 3) }}
 {{ index $probe 0 }}:
-  {{- if $root.Values.probes.exec }}
-  exec:
-    command:
-      - python
-      - -c
-      - import ssl, sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2, context=ssl._create_unverified_context()).close()
-      - {{ printf "%s://127.0.0.1:%v%s" (lower $scheme) $port (index $probe 1) }}
-  {{- else }}
   httpGet:
     path: {{ index $probe 1 }}
     port: {{ index $ 2 }}
     scheme: {{ $scheme }}
-  {{- end }}
   periodSeconds: {{ index $probe 2 }}
-  {{- if $root.Values.probes.exec }}
-  # A python started for each probe, on a machine shared with the control plane: more room.
-  timeoutSeconds: 5
-  failureThreshold: 3
-  {{- else }}
   timeoutSeconds: 3
   failureThreshold: {{ index $probe 3 }}
-  {{- end }}
 {{- end }}
 {{- end -}}
 
