@@ -256,6 +256,9 @@ def shown_up(stack: LocalStack, started: float) -> None:
     print(f"    up in {time.monotonic() - started:.1f}s; API server {stack.cp.server}")
     print("    " + "; ".join(stack.cp.versions()))
     print(stack.cp.kubectl("get", "nodes", "-o", "wide").stdout, end="")
+    step("kubectl get pods -n kube-system -o wide   (CoreDNS, the kubelets' --cluster-dns; kube-proxy runs on every"
+         " node, each node in its own network namespace)")
+    print(stack.cp.kubectl("get", "pods", "-n", "kube-system", "-o", "wide").stdout, end="")
 
 
 def shown_running(stack: LocalStack, dra: bool, described: str, since: tuple[str, float]) -> None:
