@@ -124,7 +124,8 @@ class Fabric:
         ip(self.netns, "route", "add", pod_range(index), "via", node_address(index))
         ip(node_netns, "address", "add", f"{node_address(index)}/24", "dev", "eth0")
         ip(node_netns, "link", "set", "eth0", "up")
-        subprocess.run(in_netns(node_netns, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]), check=True,
+        # /proc/sys/net is the opener's namespace's: this is the node's forwarding, not the machine's.
+        subprocess.run(in_netns(node_netns, ["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]), check=True,
                        capture_output=True)
         for other_index, other_netns in self.nodes.values():
             ip(node_netns, "route", "add", pod_range(other_index), "via", node_address(other_index))
