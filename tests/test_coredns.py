@@ -1,14 +1,15 @@
 """localcp/coredns.py: the cluster DNS objects are kubeadm's CoreDNS addon (its RBAC, Deployment,
 Service and Corefile), less the deviations its docstring gives (no `forward`, the pod's sysctl
 and runAsNonRoot, our image), and the image is localcp/build-coredns.sh's binary run as the
-official image's nonroot user. No cluster: kubeadm's own manifests are read from the Go module
-cache when the stack's build has downloaded k8s.io/kubernetes, the image is built when the
-binary is."""
+official image's nonroot user; that binary has the plugins of the Corefile's directives compiled
+in and no others. No cluster: kubeadm's own manifests and CoreDNS's plugin.cfg are read from the
+Go module cache when the stack's build has downloaded them, the image is built when the binary is."""
 from __future__ import annotations
 
 import io
 import os
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -18,8 +19,14 @@ import yaml
 from localcp import coredns, versions
 
 IMAGE = "localhost/gpu-scheduler-coredns:v0.0.0-test"
-KUBEADM_MANIFESTS = (Path(os.environ.get("GOMODCACHE") or Path.home() / "go" / "pkg" / "mod")
-                     / f"k8s.io/kubernetes@{versions.kubernetes()}" / "cmd/kubeadm/app/phases/addons/dns/manifests.go")
+GOMODCACHE = Path(os.environ.get("GOMODCACHE") or Path.home() / "go" / "pkg" / "mod")
+KUBEADM_MANIFESTS = (GOMODCACHE / f"k8s.io/kubernetes@{versions.kubernetes()}"
+                     / "cmd/kubeadm/app/phases/addons/dns/manifests.go")
+COREDNS_MODULE = GOMODCACHE / f"github.com/coredns/coredns@{versions.coredns()}"
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "localcp" / "build-coredns.sh"
+# Registered by packages that the Corefile's plugins import (kubernetes: metadata and transfer;
+# cache: metadata), so `coredns -plugins` lists them; not directives (build-coredns.sh's IMPORTED).
+IMPORTED = {"metadata", "transfer"}
 
 
 def by_kind(objects: list[dict]) -> dict[str, dict]:
@@ -153,6 +160,59 @@ def test_the_objects_are_kubeadms_less_the_documented_deviations():
     assert ours == theirs
 
 
+# -- the binary's plugins: the Corefile's directives ------------------------------------------------
+def corefile_directives(text: str) -> set[str]:
+    """The directive names of a Corefile of one server block: the first word of each line of the
+    block once the directives' own blocks are taken out."""
+    body = re.fullmatch(r"[^\s{]+ \{\n(.*)\}\n", text, re.S).group(1)
+    while re.search(r"\{[^{}]*\}", body):
+        body = re.sub(r"\{[^{}]*\}", "", body)
+    return {line.split()[0] for line in body.splitlines() if line.strip()}
+
+
+def build_script(*args: str) -> str:
+    return subprocess.run(["bash", str(BUILD_SCRIPT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_the_build_compiles_in_the_directives_the_corefile_uses_and_no_others():
+    used = corefile_directives(coredns.corefile())
+    assert {"kubernetes", "health", "ready", "prometheus"} <= used and "forward" not in used
+    assert corefile_directives(coredns.corefile("example.test")) == used
+    built = build_script("--plugins").split()
+    assert len(built) == len(set(built)) and set(built) == used
+    assert set(coredns.PLUGINS) == used and len(coredns.PLUGINS) == len(used)
+
+
+def test_directives_are_the_server_blocks_own_lines_not_those_inside_a_directives_block():
+    text = ".:53 {\n    errors\n    health {\n       lameduck 5s\n    }\n    cache 30 {\n" \
+           "       disable success x # comment\n    }\n    errors\n    # log\n}\n"
+    assert coredns.directives(text) == ["errors", "health", "cache"]
+
+
+@pytest.mark.skipif(not COREDNS_MODULE.exists(), reason=f"{COREDNS_MODULE} is not in the Go module cache")
+def test_the_generated_main_package_imports_them_and_runs_them_in_upstreams_order():
+    main_go = build_script("--main-go", str(COREDNS_MODULE / "plugin.cfg"))
+    upstream = (COREDNS_MODULE / "core/dnsserver/zdirectives.go").read_text()
+    upstream_order = re.findall(r'^\t"(\w+)",$', re.search(r"var Directives = \[\]string\{\n(.*?)\n\}",
+                                                         upstream, re.S).group(1), re.M)
+    used = corefile_directives(coredns.corefile())
+    ours = re.findall(r'^\t"(\w+)",$', re.search(r"var directives = \[\]string\{\n(.*?)\n\}",
+                                                 main_go, re.S).group(1), re.M)
+    assert ours == [name for name in upstream_order if name in used]
+    packages = dict(line.split(":", 1) for line in (COREDNS_MODULE / "plugin.cfg").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
+    assert sorted(re.findall(r'^\t_ "([^"]+)"$', main_go, re.M)) == sorted(
+        f"github.com/coredns/coredns/plugin/{packages[name]}" for name in used)
+    assert "func init() {\n\tdnsserver.Directives = directives\n}" in main_go
+    assert "coremain.Run()" in main_go and "core/plugin\"" not in main_go  # not upstream's all-plugin bundle
+
+
+@pytest.mark.skipif(not coredns.BINARY.exists(), reason="CoreDNS is not built (bash localcp/build-coredns.sh)")
+def test_the_built_binary_has_those_plugins_and_the_ones_they_import():
+    listed = subprocess.run([str(coredns.BINARY), "-plugins"], check=True, capture_output=True, text=True).stdout
+    assert set(listed.split()) == corefile_directives(coredns.corefile()) | IMPORTED
+
+
 # -- the image -------------------------------------------------------------------------------------
 def test_the_image_needs_the_binary_built_first(monkeypatch, tmp_path):
     monkeypatch.setattr(coredns, "BINARY", tmp_path / "coredns-v1.15.0" / "bin" / "coredns")
@@ -161,7 +221,9 @@ def test_the_image_needs_the_binary_built_first(monkeypatch, tmp_path):
 
 
 def test_the_binary_is_where_the_build_script_puts_it():
-    assert coredns.BINARY.parts[-3:] == (f"coredns-{versions.coredns()}", "bin", "coredns")
+    assert build_script("--path").strip() == str(coredns.BINARY)
+    assert coredns.BINARY.parts[-3:] == (f"coredns-{versions.coredns()}-{coredns.PLUGINS_KEY}", "bin", "coredns")
+    assert re.fullmatch(r"[0-9a-f]{12}", coredns.PLUGINS_KEY)
     assert coredns.VERSION == versions.coredns()
     assert versions.defaults()["GPU_SCHEDULER_COREDNS"] == "v1.15.0"
 
