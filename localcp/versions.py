@@ -15,6 +15,8 @@ VERSIONS_FILE = Path(__file__).with_name("versions.env")
 K8S = "GPU_SCHEDULER_K8S"
 WORKLOAD_SETTINGS = {"jobset": "GPU_SCHEDULER_JOBSET", "lws": "GPU_SCHEDULER_LWS", "kueue": "GPU_SCHEDULER_KUEUE"}
 COREDNS = "GPU_SCHEDULER_COREDNS"  # cluster DNS: localcp/build-coredns.sh, localcp/coredns.py
+# Knative Eventing and Serving: localcp/build-knative.sh
+KNATIVE_SETTINGS = {"eventing": "GPU_SCHEDULER_KNATIVE_EVENTING", "serving": "GPU_SCHEDULER_KNATIVE_SERVING"}
 K8S_PATTERN = re.compile(r"v1\.(\d+)\.\d+")
 WORKLOAD_PATTERN = re.compile(r"v\d+\.\d+\.\d+")
 DRA_FIRST_MINOR = 34  # resource.k8s.io/v1 (DRA GA) served by default; 1.33 serves only the beta, off by default
@@ -54,6 +56,11 @@ def workload(kind: str) -> str:
 def coredns() -> str:
     """The version of CoreDNS the stack's cluster DNS runs, e.g. v1.15.0."""
     return setting(COREDNS)
+
+
+def knative(project: str) -> str:
+    """The version of a Knative project (eventing, serving), e.g. v0.50.0."""
+    return setting(KNATIVE_SETTINGS[project])
 
 
 def minor(version: str) -> int:

@@ -25,7 +25,8 @@ version_check() {
   fi
 }
 version_check GPU_SCHEDULER_K8S "$K8S_VERSION" '^v1\.[0-9]+\.[0-9]+$' v1.N.M
-for _name in GPU_SCHEDULER_JOBSET GPU_SCHEDULER_LWS GPU_SCHEDULER_KUEUE GPU_SCHEDULER_COREDNS; do
+for _name in GPU_SCHEDULER_JOBSET GPU_SCHEDULER_LWS GPU_SCHEDULER_KUEUE GPU_SCHEDULER_COREDNS \
+  GPU_SCHEDULER_KNATIVE_EVENTING GPU_SCHEDULER_KNATIVE_SERVING; do
   version_check "$_name" "${!_name}" '^v[0-9]+\.[0-9]+\.[0-9]+$' vX.Y.Z
 done
 unset _name
