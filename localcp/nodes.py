@@ -424,7 +424,9 @@ class Nodes:
     def __getitem__(self, name: str) -> Node:
         return self.nodes[name]
 
-    def start(self, timeout: float = 90) -> "Nodes":
+    def start(self, timeout: float = 90, wait_dns: bool = True) -> "Nodes":
+        """wait_dns=False: CoreDNS is applied but not waited for; the caller calls wait_dns() once
+        it has started what it starts next (its readiness probe runs every 10 s, kubeadm's)."""
         began = time.monotonic()
         try:
             errors: list[BaseException] = []
@@ -448,14 +450,16 @@ class Nodes:
                 node.start_kubelet()
                 node.start_proxy()
             self.wait_ready(timeout)
+            self.apply_dns()  # its pods start while kube-proxy syncs: they retry the API until it has
             self.wait_proxies(timeout)
-            self.start_dns(timeout)
             if DRA_SERVED:
                 self.start_dra()
+            if wait_dns:
+                self.wait_dns(timeout)
         except BaseException:
             self.stop()
             raise
-        self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready, slices out
+        self.ready_seconds = time.monotonic() - began  # containerds up, images loaded, kubelets Ready, slices out (DNS)
         return self
 
     # -- the cluster network ---------------------------------------------------------------------
@@ -471,11 +475,13 @@ class Nodes:
                                     "\n".join(self.cp.log_tail(n.proxy, 10) for n in self.nodes.values()))
             time.sleep(0.3)
 
-    def start_dns(self, timeout: float = 90) -> None:
-        """CoreDNS as kubeadm installs it (localcp/coredns.py), Ready: kube-dns has a ready endpoint
-        for each replica."""
-        for manifest in coredns.manifests(self.coredns.name, network.CLUSTER_DNS, network.CLUSTER_DOMAIN):
-            self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    def apply_dns(self) -> None:
+        """CoreDNS as kubeadm installs it (localcp/coredns.py)."""
+        manifests = coredns.manifests(self.coredns.name, network.CLUSTER_DNS, network.CLUSTER_DOMAIN)
+        self.cp.kubectl("apply", "-f", "-", input="\n".join(json.dumps(m) for m in manifests))
+
+    def wait_dns(self, timeout: float = 90) -> None:
+        """CoreDNS Ready: kube-dns has a ready endpoint for each replica."""
         deadline = time.monotonic() + timeout
         while len(self.dns_endpoints()) < coredns.REPLICAS:
             if time.monotonic() > deadline:

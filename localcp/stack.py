@@ -85,7 +85,7 @@ class LocalStack:
                 self.workloads.start()
             if self.real_nodes:
                 functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
-                self.nodes = Nodes(self.cp, extra_images=functions).start()
+                self.nodes = Nodes(self.cp, extra_images=functions).start(wait_dns=False)
             self.api = self._admin_api()
             if self.in_cluster:
                 if self.functions:
@@ -99,6 +99,8 @@ class LocalStack:
                 self._start_bind()
             if self.event_source:
                 self.start_event_source(**self.source_options)
+            if self.nodes:
+                self.nodes.wait_dns()  # CoreDNS started with the nodes; Ready by now, or soon
         except BaseException:
             self.__exit__(None, None, None)
             raise
