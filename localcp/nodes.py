@@ -243,13 +243,18 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         return subprocess.run([str(CONTAINERD_BIN / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args],
                               capture_output=True, text=True, check=check)
 
-    def _kubelet_files(self) -> tuple[Path, Path]:
-        d = self.dir
-        key, crt = pki.make_cert(d, "kubelet-client", self.cp.ca, f"/O=system:nodes/CN=system:node:{self.name}",
-                                 client=True)
-        kubeconfig = d / "kubelet.kubeconfig"
+    def _cluster_kubeconfig(self, name: str, subject: str) -> Path:
+        """A kubeconfig for what runs on this node: a client certificate for `subject`, and the API
+        server's address on the node network."""
+        key, crt = pki.make_cert(self.dir, f"{name}-client", self.cp.ca, subject, client=True)
+        kubeconfig = self.dir / f"{name}.kubeconfig"
         kubeconfig.write_text(self.cp.kubeconfig_text(user={"client-certificate": str(crt), "client-key": str(key)},
                                                       server=self.cp.cluster_server))
+        return kubeconfig
+
+    def _kubelet_files(self) -> tuple[Path, Path]:
+        d = self.dir
+        kubeconfig = self._cluster_kubeconfig("kubelet", f"/O=system:nodes/CN=system:node:{self.name}")
         config = d / "kubelet.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -289,12 +294,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         system:node-proxier). It leaves the conntrack settings as they are (maxPerCore 0, no
         timeouts), which are the machine's, and keeps its OOM score (the machine forbids lowering
         it)."""
-        d = self.dir
-        key, crt = pki.make_cert(d, "kube-proxy", self.cp.ca, "/CN=system:kube-proxy", client=True)
-        kubeconfig = d / "kube-proxy.kubeconfig"
-        kubeconfig.write_text(self.cp.kubeconfig_text(user={"client-certificate": str(crt), "client-key": str(key)},
-                                                      server=self.cp.cluster_server))
-        config = d / "kube-proxy.yaml"
+        kubeconfig = self._cluster_kubeconfig("kube-proxy", "/CN=system:kube-proxy")
+        config = self.dir / "kube-proxy.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "mode": "nftables", "clientConnection": {"kubeconfig": str(kubeconfig)},
