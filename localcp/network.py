@@ -33,7 +33,6 @@ installs it; every kubelet has --cluster-dns 10.96.0.10 and the domain cluster.l
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
@@ -41,9 +40,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import versions
 
-CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE", Path.home() / ".cache" / "gpu-scheduler"))
 NODE_NETWORK = "10.240.0.0/24"
 FABRIC_ADDRESS = "10.240.0.1"  # the control plane's address on the node network
 CLUSTER_CIDR = "10.244.0.0/16"  # every node's pod range
@@ -52,12 +49,6 @@ KUBERNETES_SERVICE = ("10.96.0.1", 443)  # the first address of the Service rang
 CLUSTER_DNS = "10.96.0.10"  # kubeadm's choice: the tenth address of the Service range
 CLUSTER_DOMAIN = "cluster.local"
 BRIDGE = "br0"
-NFT_DIR = CACHE / "nftables-bookworm"  # localcp/build-network.sh: Debian's nft, unpacked
-NFT_BIN = NFT_DIR / "bin"  # nft: a wrapper that finds its libraries in the cache
-
-
-def kube_proxy_binary() -> Path:
-    return CACHE / f"k8s-{versions.kubernetes()}" / "bin" / "kube-proxy"
 
 
 def node_address(index: int) -> str:
@@ -67,12 +58,6 @@ def node_address(index: int) -> str:
 
 def pod_range(index: int) -> str:
     return f"10.244.{index}.0/24"
-
-
-def is_cluster_address(host: str) -> bool:
-    """On the node network or in a pod range: reached from the fabric."""
-    address = ipaddress.ip_address(host)
-    return any(address in ipaddress.ip_network(net) for net in (NODE_NETWORK, CLUSTER_CIDR))
 
 
 def in_netns(netns: str, argv: list[str]) -> list[str]:
@@ -135,20 +120,13 @@ class Fabric:
     def stop(self) -> None:
         self.cp._terminate("fabric")
 
-    def alive(self) -> bool:
-        return self.holder is not None and self.holder.poll() is None
-
-
-def podnet_config(cp, fabric: Fabric, path: Path, ready: Path) -> None:
-    path.write_text(json.dumps({
-        "apiserver_port": cp.api_port, "fabric": fabric.netns, "listen": [FABRIC_ADDRESS, cp.api_port],
-        "egress_socket": str(cp.egress_socket), "ready": str(ready)}))
-
 
 def start_podnet(cp, fabric: Fabric) -> None:
     """localcp/podnet.py's control-plane links: the API server on the node network, and its egress."""
     config, ready = fabric.dir / "podnet.json", fabric.dir / "podnet.ready"
-    podnet_config(cp, fabric, config, ready)
+    config.write_text(json.dumps({
+        "apiserver_port": cp.api_port, "fabric": fabric.netns, "listen": [FABRIC_ADDRESS, cp.api_port],
+        "egress_socket": str(cp.egress_socket), "ready": str(ready)}))
     cp._spawn("podnet", [sys.executable, "-m", "localcp.podnet", str(config)],
               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     cp._wait("podnet", ready.exists, "its listeners", timeout=20)

@@ -62,6 +62,8 @@ CONTAINERD_BIN = CACHE / "containerd-trixie" / "bin"  # containerd, its shim, ct
 GPUS = "4"
 DRA_DRIVER = "test-driver.cdi.k8s.io"  # the test driver's default name; also its DeviceClass's
 DRA_DRIVER_BIN = CACHE / f"dra-test-driver-{KUBERNETES_VERSION}" / "bin" / "dra-test-driver"  # localcp/build-dra.sh
+KUBE_PROXY = BIN / "kube-proxy"  # the control plane's build: localcp/build-network.sh
+NFT_BIN = CACHE / "nftables-bookworm" / "bin"  # nft, a wrapper that finds Debian's libraries: localcp/build-network.sh
 # The values the kubelet wants (pkg/kubelet/cm: setupKernelTunables); it sets them machine-wide
 # unless they already read so.
 KERNEL_TUNABLES = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
@@ -304,13 +306,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             "metricsBindAddress": "127.0.0.1:10249", "oomScoreAdj": 0,
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         }, indent=1))
-        env = {**os.environ, "PATH": f"{network.NFT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        self.cp._spawn(self.proxy, self._in_namespace([str(network.kube_proxy_binary()), "--config", str(config),
+        env = {**os.environ, "PATH": f"{NFT_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        self.cp._spawn(self.proxy, self._in_namespace([str(KUBE_PROXY), "--config", str(config),
                                                        "--v=1"]), env=env)
 
     def proxy_ready(self) -> bool:
         """kube-proxy has written the kubernetes Service's address into its nftables map."""
-        done = subprocess.run(network.in_netns(self.netns, [str(network.NFT_BIN / "nft"), "list", "map", "ip",
+        done = subprocess.run(network.in_netns(self.netns, [str(NFT_BIN / "nft"), "list", "map", "ip",
                                                             "kube-proxy", "service-ips"]),
                               capture_output=True, text=True)
         return done.returncode == 0 and network.KUBERNETES_SERVICE[0] in done.stdout
@@ -444,8 +446,8 @@ class Nodes:
                 thread.join()
             if errors:
                 raise errors[0]
-            if not network.kube_proxy_binary().exists():
-                raise FileNotFoundError(f"kube-proxy for {KUBERNETES_VERSION} is not built ({network.kube_proxy_binary()}):"
+            if not KUBE_PROXY.exists():
+                raise FileNotFoundError(f"kube-proxy for {KUBERNETES_VERSION} is not built ({KUBE_PROXY}):"
                                         " run bash localcp/build-network.sh")
             for node in self.nodes.values():
                 node.start_kubelet()

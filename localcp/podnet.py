@@ -32,10 +32,12 @@ import sys
 import threading
 from pathlib import Path
 
+from localcp import network
+
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
-# The node network and the pod ranges (localcp/network.py): what the egress dials in the fabric.
-CLUSTER_NETWORKS = (ipaddress.ip_network("10.240.0.0/24"), ipaddress.ip_network("10.244.0.0/16"))
+# The node network and the pod ranges: what the egress dials in the fabric.
+CLUSTER_NETWORKS = tuple(ipaddress.ip_network(n) for n in (network.NODE_NETWORK, network.CLUSTER_CIDR))
 
 
 def log(message: str) -> None:
