@@ -12,7 +12,9 @@
 # Into $CACHE/knative-<project>-<version>/ go:
 #   bin/<cmd>   the main packages knative.dev/<project>/cmd/<cmd> (what the release configuration's
 #               ko://knative.dev/<project>/cmd/<cmd> images run):
-#                 eventing: controller webhook apiserver_receive_adapter mtping
+#                 eventing: controller webhook apiserver_receive_adapter mtping jobsink
+#                           requestreply auth_proxy (the last three: what config/core's job-sink and
+#                           request-reply Deployments and the controller's AUTH_PROXY_IMAGE name)
 #                 serving:  controller webhook activator autoscaler queue
 #   config/     the release configuration, copied out of the module cache (YAML only: the
 #               placeholder.go files that let `go mod vendor` carry it are left out):
@@ -39,7 +41,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
 EVENTING_DIR="$CACHE/knative-eventing-$GPU_SCHEDULER_KNATIVE_EVENTING"
 SERVING_DIR="$CACHE/knative-serving-$GPU_SCHEDULER_KNATIVE_SERVING"
-EVENTING_CMDS=(controller webhook apiserver_receive_adapter mtping)
+EVENTING_CMDS=(controller webhook apiserver_receive_adapter mtping jobsink requestreply auth_proxy)
 SERVING_CMDS=(controller webhook activator autoscaler queue)
 
 if [ "${1:-}" = --path ]; then printf '%s\n' "$EVENTING_DIR" "$SERVING_DIR"; exit 0; fi

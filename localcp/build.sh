@@ -9,8 +9,8 @@
 #   - etcd from Debian trixie's etcd-server (bookworm's is 3.4), downloaded and unpacked with
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
 # Sibling scripts add the nodes' parts, the DRA test driver (same version; from 1.34, the first
-# that serves resource.k8s.io/v1), the cluster network's kube-proxy, nft and CoreDNS, helm, the workload controllers (JobSet, LeaderWorkerSet,
-# Kueue) and Argo CD's CRDs.
+# that serves resource.k8s.io/v1), the cluster network's kube-proxy, nft and CoreDNS, helm, the
+# workload controllers (JobSet, LeaderWorkerSet, Kueue), Argo CD's CRDs and Knative.
 #   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
 #   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
 #                                   nodes' parts, the DRA test driver and the cluster network; not helm, the workload
@@ -95,3 +95,6 @@ bash "$HERE/build-helm.sh"
 bash "$HERE/build-workloads.sh"
 # Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/.
 bash "$HERE/fetch-argocd-crds.sh"
+# Knative Eventing and Serving, which localcp/knative.py installs on the stack for the tests that
+# run the project on real Knative (make demo KNATIVE=1 builds them alone).
+bash "$HERE/build-knative.sh"

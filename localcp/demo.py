@@ -52,6 +52,7 @@ import argparse
 import io
 import json
 import re
+import subprocess
 import sys
 import time
 
@@ -59,7 +60,9 @@ import yaml
 
 from gpu_scheduler.schedmap import parse_map
 
+from . import knative
 from .cluster import DRA_SERVED, KUBERNETES_VERSION, REPO, ensure_built
+from .incluster import NAMESPACE
 from .stack import LocalStack
 from .workloads import KUEUE_NAMESPACE_LABEL
 
@@ -295,6 +298,66 @@ def shown_gpus(stack: LocalStack) -> None:
     drawn = io.StringIO()
     plugin(["gpus", "-o", "grid", "--kubeconfig", str(stack.cp.kubeconfig)], stdout=drawn, stderr=drawn)
     print(drawn.getvalue(), end="")
+
+
+# --knative: the project on real Knative Eventing and Serving.
+def bind_events(stack: LocalStack) -> list[str]:
+    """bind's gpu_scheduler_bind_events_total by type and status, in each of its revision's pods
+    (read from the pod's port through the API server)."""
+    lines = []
+    for pod in stack.pods(NAMESPACE, "serving.knative.dev/service=bind"):
+        metrics = stack.cp.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}:8080/proxy/metrics")
+        lines += [f"    {pod['metadata']['name']}: {line}" for line in metrics.splitlines()
+                  if line.startswith("gpu_scheduler_bind_events_total{")]
+    return lines
+
+
+def main_knative() -> int:
+    step("Building what the stack runs, Knative and helm included, if it is not cached (first time: about 14 minutes)")
+    ensure_built(stack_only=True)
+    knative.ensure_built()
+    subprocess.run(["bash", str(REPO / "localcp" / "build-helm.sh")], check=True, stdout=subprocess.DEVNULL)
+    step(f"Starting the control plane {KUBERNETES_VERSION} and node1..node4 (kubelet, containerd, kube-proxy, CoreDNS);\n"
+         f"    Knative Eventing {knative.projects()[0].version} and Serving {knative.projects()[1].version} from their"
+         " release configuration (localcp/knative.py);\n"
+         "    then `helm install gpu-scheduler chart/gpu-scheduler --set runtime=knative -f localcp/knative-values.yaml`")
+    started = time.monotonic()
+    failure = None
+    with LocalStack(knative=True) as stack:
+        shown_up(stack, started)
+        print(f"    Knative installed and ready in {stack.knative_seconds:.1f}s")
+        for namespace in knative.NAMESPACES:
+            step(f"kubectl get pods -n {namespace} -o wide   (Knative's own components, as pods on the nodes)")
+            print(stack.cp.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout, end="")
+        step("kubectl get apiserversources,pingsources -A   (reconciled by Eventing's controller; their adapters are pods)")
+        print(stack.cp.kubectl("get", "apiserversources,pingsources", "-A").stdout, end="")
+        step(f"kubectl get revisions -n {NAMESPACE}   (bind's and mutate's, made by Serving's controller)")
+        print(stack.cp.kubectl("get", "revisions", "-n", NAMESPACE).stdout, end="")
+        step(f"kubectl get pods -n {NAMESPACE} -o wide   (each revision pod: the function and the real queue-proxy)")
+        print(stack.cp.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout, end="")
+        step(f"kubectl get ksvc,routes -n {NAMESPACE}")
+        print(stack.cp.kubectl("get", "ksvc,routes", "-n", NAMESPACE, "-o", "custom-columns=KIND:.kind,NAME:.metadata.name,"
+                               "READY:.status.conditions[?(@.type=='Ready')].status,"
+                               "REASON:.status.conditions[?(@.type=='Ready')].reason").stdout, end="")
+        print("    IngressNotConfigured: no Knative networking layer (Kourier, Istio, Contour, Gateway API) can run"
+              " here, so nothing\n    programs a gateway for the Routes; the webhook and the sources reach the"
+              " revision pods through\n    ClusterIP Services of the chart (webhook.path and sink.path direct-service).")
+        step(f"kubectl apply -f {SEED.relative_to(REPO)}   (5 replicas: admitted by mutate's revision, placed by bind"
+             " from the ApiServerSource's events)")
+        since = ("the apply", time.monotonic())
+        print(stack.apply(seed(False)), end="")
+        shown_running(stack, False, f"{SEED_NAME}-4", since)
+        step("gpu_scheduler_bind_events_total by type and status, from bind's /metrics   (the adapters' deliveries)")
+        try:
+            stack.wait_for(lambda: any('dev.knative.sources.ping' in line for line in bind_events(stack)), 30,
+                           "a ping counted", interval=1)
+        except TimeoutError as error:
+            failure = str(error)
+        print("\n".join(bind_events(stack)))
+        step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
+        nodes = stack.nodes
+        processes = list(stack.cp.processes.values())
+    return torn_down(nodes, processes, failure)
 
 
 # --workload: the examples users copy, run with the seed's check container.
@@ -819,6 +882,9 @@ def main(argv=None) -> int:
                       help="the seed as a gang: blocked whole by a workload holding node4's GPU 3, then placed whole")
     mode.add_argument("--preempt", action="store_true",
                       help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
+    mode.add_argument("--knative", action="store_true",
+                      help="the seed on real Knative Eventing and Serving: the chart with runtime knative,"
+                           " driven by the real ApiServerSource and PingSource")
     mode.add_argument("--workload", choices=sorted([*WORKLOADS, "kueue"]),
                       help="instead of the seed, the example JobSet (examples/jobset-torchrun.yaml) or"
                            " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller; deployment:"
@@ -828,6 +894,8 @@ def main(argv=None) -> int:
     if args.dra and not DRA_SERVED:
         parser.error(f"DRA mode needs resource.k8s.io/v1, served from Kubernetes 1.34: the stack's version is"
                      f" {KUBERNETES_VERSION} (GPU_SCHEDULER_K8S, make K8S=)")
+    if args.knative:
+        return main_knative()
     if args.workload == "kueue":
         return main_kueue()
     if args.workload == "deployment":

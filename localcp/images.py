@@ -287,13 +287,17 @@ class Image:
         with tarfile.open(self.archive) as archive:
             return archive.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}").read()
 
+    def manifest(self) -> dict:
+        """This image's manifest (an archive may hold several images: write_oci_archive_of)."""
+        [entry] = [m for m in self.index["manifests"]
+                   if m.get("annotations", {}).get("io.containerd.image.name", self.name) == self.name]
+        return json.loads(self.blob(entry["digest"]))
+
     def config(self) -> dict:
-        manifest = json.loads(self.blob(self.index["manifests"][0]["digest"]))
-        return json.loads(self.blob(manifest["config"]["digest"]))
+        return json.loads(self.blob(self.manifest()["config"]["digest"]))
 
     def layers(self) -> list[bytes]:
-        manifest = json.loads(self.blob(self.index["manifests"][0]["digest"]))
-        return [self.blob(layer["digest"]) for layer in manifest["layers"]]
+        return [self.blob(layer["digest"]) for layer in self.manifest()["layers"]]
 
 
 def _architecture() -> str:
@@ -344,7 +348,17 @@ def _parents(path: str) -> list[str]:
 
 def write_oci_archive(target: Path, name: str, layers: list[Path | bytes], image_config: dict) -> Image:
     """An OCI image layout as one tar (what `ctr images import` reads), layers uncompressed."""
+    [image] = write_oci_archive_of(target, {name: (layers, image_config)})
+    return image
+
+
+def write_oci_archive_of(target: Path, contents: dict[str, tuple[list[Path | bytes], dict]]) -> list[Image]:
+    """Several images (name: their layers and config) in one OCI layout tar, each layer blob once:
+    one `ctr images import` loads them all."""
     def add(tar: tarfile.TarFile, member: str, data: bytes | None = None, path: Path | None = None) -> None:
+        if member in written:
+            return
+        written.add(member)
         info = tarfile.TarInfo(member)
         info.mtime, info.mode = 0, 0o644
         if path is not None:
@@ -357,38 +371,46 @@ def write_oci_archive(target: Path, name: str, layers: list[Path | bytes], image
 
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".part")
-    descriptors, diff_ids = [], []
+    written: set[str] = set()
+    digests: dict[int, tuple[str, int]] = {}  # id(layer) -> (digest, size): a shared layer hashed once
+    index = []
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
         add(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        for layer in layers:
-            if isinstance(layer, Path):
-                digest, size = _sha256_file(layer), layer.stat().st_size
-                add(tar, f"blobs/sha256/{digest}", path=layer)
-            else:
-                digest, size = hashlib.sha256(layer).hexdigest(), len(layer)
-                add(tar, f"blobs/sha256/{digest}", layer)
-            descriptors.append({"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                                "digest": f"sha256:{digest}", "size": size})
-            diff_ids.append(f"sha256:{digest}")  # uncompressed: the layer is its own diff
-        config = json.dumps({"architecture": _architecture(), "os": "linux", "config": image_config,
-                             "rootfs": {"type": "layers", "diff_ids": diff_ids}}, sort_keys=True).encode()
-        config_digest = hashlib.sha256(config).hexdigest()
-        add(tar, f"blobs/sha256/{config_digest}", config)
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": f"sha256:{config_digest}", "size": len(config)},
-            "layers": descriptors}, sort_keys=True).encode()
-        manifest_digest = hashlib.sha256(manifest).hexdigest()
-        add(tar, f"blobs/sha256/{manifest_digest}", manifest)
-        add(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": f"sha256:{manifest_digest}", "size": len(manifest),
-            "platform": {"architecture": _architecture(), "os": "linux"},
-            "annotations": {"io.containerd.image.name": name,
-                            "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}]}).encode())
+        for name, (layers, image_config) in contents.items():
+            descriptors, diff_ids = [], []
+            for layer in layers:
+                if id(layer) not in digests:
+                    if isinstance(layer, Path):
+                        digests[id(layer)] = (_sha256_file(layer), layer.stat().st_size)
+                    else:
+                        digests[id(layer)] = (hashlib.sha256(layer).hexdigest(), len(layer))
+                digest, size = digests[id(layer)]
+                if isinstance(layer, Path):
+                    add(tar, f"blobs/sha256/{digest}", path=layer)
+                else:
+                    add(tar, f"blobs/sha256/{digest}", layer)
+                descriptors.append({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                    "digest": f"sha256:{digest}", "size": size})
+                diff_ids.append(f"sha256:{digest}")  # uncompressed: the layer is its own diff
+            config = json.dumps({"architecture": _architecture(), "os": "linux", "config": image_config,
+                                 "rootfs": {"type": "layers", "diff_ids": diff_ids}}, sort_keys=True).encode()
+            config_digest = hashlib.sha256(config).hexdigest()
+            add(tar, f"blobs/sha256/{config_digest}", config)
+            manifest = json.dumps({
+                "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": f"sha256:{config_digest}", "size": len(config)},
+                "layers": descriptors}, sort_keys=True).encode()
+            manifest_digest = hashlib.sha256(manifest).hexdigest()
+            add(tar, f"blobs/sha256/{manifest_digest}", manifest)
+            index.append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                          "digest": f"sha256:{manifest_digest}", "size": len(manifest),
+                          "platform": {"architecture": _architecture(), "os": "linux"},
+                          "annotations": {"io.containerd.image.name": name,
+                                          "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}})
+        add(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": index}).encode())
     partial.rename(target)
-    return Image(name, target)
+    return [Image(name, target) for name in contents]
 
 
 def _cached(prefix: str, key: str) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-from . import images, incluster, pki
+from . import images, incluster, knative, pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
 from .eventsource import ApiServerSource, Sender, ping_headers
 from .nodes import Nodes, node_addresses
@@ -35,6 +35,8 @@ from .workloads import WorkloadControllers
 
 PYTHON = sys.executable
 WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
+KNATIVE_VALUES = REPO / "localcp" / "knative-values.yaml"
+RELEASE = "gpu-scheduler"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
 MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 
@@ -42,7 +44,8 @@ MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
                  in_cluster: bool = False, mutate_drain_seconds: float = 0, functions: bool = True,
-                 workloads: tuple[str, ...] = (), apiserver_flags: tuple[str, ...] = (), **source_options):
+                 workloads: tuple[str, ...] = (), apiserver_flags: tuple[str, ...] = (), knative: bool = False,
+                 knative_values: tuple[str, ...] = (), **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
@@ -58,7 +61,16 @@ class LocalStack:
         JobSet and LeaderWorkerSet integrations when their CRDs are served (theirs are applied
         before any controller starts) and manages only the namespaces labelled KUEUE_NAMESPACE_LABEL (create_namespace's labels).
         apiserver_flags: more kube-apiserver flags, e.g. ("--feature-gates=GenericWorkload=true",)
-        for a test of what a feature gate makes the server keep."""
+        for a test of what a feature gate makes the server keep.
+        knative: Knative Eventing and Serving installed from their release configuration
+        (localcp/knative.py) on the real nodes, then the chart with runtime knative and
+        localcp/knative-values.yaml (knative_values: more `helm install` arguments): bind and
+        mutate are Knative Services, the webhook is the chart's, and the events come from the
+        real ApiServerSource and PingSource adapters (webhook and event_source are ignored)."""
+        self.knative = knative
+        self.knative_values = tuple(knative_values)
+        if knative:
+            in_cluster, webhook, event_source = True, False, False
         self.mutate_drain_seconds = mutate_drain_seconds
         self._mutates = 0
         real_nodes = real_nodes or in_cluster
@@ -85,9 +97,16 @@ class LocalStack:
                 self.workloads.start()
             if self.real_nodes:
                 functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
+                if self.knative:
+                    functions += tuple(knative.knative_images())
                 self.nodes = Nodes(self.cp, extra_images=functions).start(wait_dns=False)
             self.api = self._admin_api()
-            if self.in_cluster:
+            if self.knative:
+                self.knative_seconds = knative.install(self.cp)
+                if self.functions:
+                    self.install_release()
+                    self._open_doors("bind-events")
+            elif self.in_cluster:
                 if self.functions:
                     self._deploy_functions()
                     self._open_doors()
@@ -211,17 +230,67 @@ class LocalStack:
         self.cp.kubectl("delete", "mutatingwebhookconfiguration", "gpu-scheduler", "--ignore-not-found")
 
     # -- in the cluster ----------------------------------------------------------------------
-    def _open_doors(self) -> None:
+    def _open_doors(self, service_name: str = "bind") -> None:
         """The bind Service on the machine's loopback (bind_url), for what runs on the machine and
         sends to it (the event source's stand-in, ping): localcp/podnet.py relays each connection
-        to the Service's ClusterIP inside node1's namespace, where kube-proxy picks the endpoint."""
-        service = json.loads(self.cp.get(f"/api/v1/namespaces/{incluster.NAMESPACE}/services/bind"))
+        to the Service's ClusterIP inside node1's namespace, where kube-proxy picks the endpoint.
+        knative: the chart's Service on bind's revision pods (sink.path direct-service)."""
+        service = json.loads(self.cp.get(f"/api/v1/namespaces/{incluster.NAMESPACE}/services/{service_name}"))
         config, ready = self.cp.workdir / "network" / "doors.json", self.cp.workdir / "network" / "doors.ready"
         config.write_text(json.dumps({"ready": str(ready), "doors": [{
             "name": "bind", "port": self.bind_port, "cluster_ip": service["spec"]["clusterIP"],
             "service_port": incluster.SERVICE_PORTS["bind"], "netns": self.nodes["node1"].netns}]}))
         self.cp._spawn("doors", [PYTHON, "-m", "localcp.podnet", str(config)], env={**os.environ, "PYTHONPATH": str(REPO)})
         self.cp._wait("doors", ready.exists, "its listeners", timeout=20)
+
+    # -- on Knative --------------------------------------------------------------------------
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """helm (the one localcp/build-helm.sh builds; HELM overrides it) on this stack."""
+        helm = os.environ.get("HELM") or subprocess.run(["bash", str(REPO / "localcp" / "build-helm.sh"), "--path"],
+                                                        check=True, capture_output=True, text=True).stdout.strip()
+        if not os.access(helm, os.X_OK):
+            raise ProcessFailed(f"no helm at {helm}: run `make controlplane` (or bash localcp/build-helm.sh)")
+        done = subprocess.run([helm, "--kubeconfig", str(self.cp.kubeconfig), *args],
+                              capture_output=True, text=True)
+        if check and done.returncode != 0:
+            raise ProcessFailed(f"helm {' '.join(args)}: {done.stderr.strip()}")
+        return done
+
+    def install_release(self, timeout: float = 240) -> None:
+        """The chart on Knative, as a user installs it (helm install, runtime knative, with
+        localcp/knative-values.yaml), ready: see knative_not_ready."""
+        self.helm("install", RELEASE, str(REPO / "chart" / "gpu-scheduler"), "--namespace", incluster.NAMESPACE,
+                  "--create-namespace", "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *self.knative_values)
+        try:
+            self.wait_for(lambda: not self.knative_not_ready(), timeout, "the release ready on Knative", interval=1)
+        except TimeoutError as error:
+            raise ProcessFailed(f"{error}: {'; '.join(self.knative_not_ready())}\n"
+                                f"{self.cp.kubectl('get', 'ksvc,configurations,revisions,routes,podautoscalers,serverlessservices,apiserversources,pingsources,pods', '-n', incluster.NAMESPACE, '-o', 'wide', check=False).stdout}"
+                                f"{self.cp.kubectl('get', 'events', '-n', incluster.NAMESPACE, check=False).stdout[-3000:]}") from None
+
+    def knative_resources(self, resource: str, namespace: str = incluster.NAMESPACE) -> list[dict]:
+        return json.loads(self.cp.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"]
+
+    def knative_not_ready(self) -> list[str]:
+        """What of the release is not ready: every Configuration, latest Revision, PodAutoscaler,
+        ServerlessService and source Ready, and the webhook's and sink's Services with ready
+        endpoints. A Route is left out: with no networking layer it stays IngressNotConfigured."""
+        missing = []
+        for resource in ("configurations.serving.knative.dev", "revisions.serving.knative.dev",
+                         "podautoscalers.autoscaling.internal.knative.dev",
+                         "serverlessservices.networking.internal.knative.dev",
+                         "apiserversources.sources.knative.dev", "pingsources.sources.knative.dev"):
+            items = self.knative_resources(resource)
+            if not items:
+                missing.append(f"no {resource}")
+            for item in items:
+                conditions = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
+                if conditions.get("Ready") != "True":
+                    missing.append(f"{item['kind']} {item['metadata']['name']}")
+        for service in ("mutate-webhook", "bind-events"):
+            if not self.ready_endpoints(service):
+                missing.append(f"Service {service} without a ready endpoint")
+        return missing
 
     def _deploy_functions(self, timeout: float = 180) -> None:
         """bind and mutate as Deployments and Services (localcp/incluster.py), with the accounts

@@ -19,7 +19,8 @@ from localcp import versions
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "localcp" / "build-knative.sh"
 CACHE = Path(os.environ.get("GPU_SCHEDULER_CACHE") or Path.home() / ".cache" / "gpu-scheduler")
-COMMANDS = {"eventing": ["controller", "webhook", "apiserver_receive_adapter", "mtping"],
+COMMANDS = {"eventing": ["controller", "webhook", "apiserver_receive_adapter", "mtping", "jobsink", "requestreply",
+                         "auth_proxy"],
             "serving": ["controller", "webhook", "activator", "autoscaler", "queue"]}
 
 

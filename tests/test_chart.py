@@ -376,6 +376,57 @@ def test_direct_service_own_ca_signs_only_the_webhook(helm):
     assert signed_by_ca == [find(docs, "Certificate", "mutate-webhook")]
 
 
+def test_direct_service_without_cert_manager_serves_a_certificate_of_the_charts_own_ca(helm, tmp_path):
+    """webhook.certManager false (or auto on a cluster without cert-manager, as on the local
+    stack's Knative): no cert-manager object; the chart's CA signs mutate's certificate for
+    <service>.<namespace>.svc, into the Secret the webhook-tls container mounts, and is the
+    webhook's caBundle (nothing to inject)."""
+    docs = template(helm, "-f", str(CI_VALUES["direct-service"]), "--set", "webhook.certManager=false")
+    namespace = install_namespace(docs)
+    assert not [doc for doc in docs if doc["apiVersion"].startswith("cert-manager.io/")]
+    secret = find(docs, "Secret", "mutate-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    [volume] = find(docs, "Service", "mutate")["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == "mutate-webhook-tls"
+    configuration = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")
+    assert "cert-manager.io/inject-ca-from" not in configuration["metadata"]["annotations"]
+    assert {w["clientConfig"]["caBundle"] for w in configuration["webhooks"]} == {secret["data"]["ca.crt"]}
+    for name in ("ca.crt", "tls.crt"):
+        (tmp_path / name).write_bytes(base64.b64decode(secret["data"][name]))
+    host = f"mutate-webhook.{namespace}.svc"
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), "-verify_hostname", host,
+                               str(tmp_path / "tls.crt")], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_direct_service_issuer_without_cert_manager_is_refused(helm):
+    error = helm_error(helm, "-f", str(CI_VALUES["custom"]), "--set", "webhook.certManager=false")
+    assert "webhook.directService.issuerRef" in error and "webhook.certManager" in error
+
+
+@pytest.mark.parametrize("values", ["default", "custom"])
+def test_sink_path(helm, values):
+    """sink.path knative-route (default): the sources send to the Knative Service bind (its
+    Route). direct-service: to a ClusterIP Service on every revision's pods, their queue-proxy's
+    port, for a cluster without a cluster-local gateway."""
+    docs = render(helm, values)
+    namespace = install_namespace(docs)
+    sinks = [find(docs, kind, name)["spec"]["sink"] for kind, name in (("ApiServerSource", "pod-events"), ("PingSource", "resync"))]
+    direct = values_of(values).get("sink", {}).get("path") == "direct-service"
+    if not direct:
+        assert {json.dumps(s["ref"]) for s in sinks} == {json.dumps(
+            {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "bind", "namespace": namespace})}
+        assert not [d for d in docs if d["kind"] == "Service" and d["apiVersion"] == "v1" and "bind" in d["metadata"]["name"]]
+        return
+    name = values_of(values)["sink"]["directService"]["serviceName"]
+    assert {json.dumps(s["ref"]) for s in sinks} == {json.dumps(
+        {"apiVersion": "v1", "kind": "Service", "name": name, "namespace": namespace})}
+    service = find(docs, "Service", name)
+    assert service["apiVersion"] == "v1" and service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == {"serving.knative.dev/service": "bind"}, "every revision's pods"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": 8012}], "queue-proxy's HTTP port"
+
+
 class ServiceConnection(http.client.HTTPSConnection):
     """HTTPS to 127.0.0.1 that checks the certificate for `host`: as the API server dials a
     Service's IP and checks <service>.<namespace>.svc."""

@@ -44,9 +44,16 @@ argocd.argoproj.io/sync-wave: {{ required (printf "no sync wave %q" .) (get (dic
 {{- define "gpu-scheduler.sink" -}}
 sink:
   ref:
+    {{- if eq .Values.sink.path "direct-service" }}
+    # sink.path direct-service: the ClusterIP Service on bind's revision pods (sink-service.yaml).
+    apiVersion: v1
+    kind: Service
+    name: {{ .Values.sink.directService.serviceName }}
+    {{- else }}
     apiVersion: serving.knative.dev/v1
     kind: Service
     name: bind
+    {{- end }}
     namespace: {{ include "gpu-scheduler.namespace" . }}
   {{- with .Values.sink.caCerts }}
   # The adapters trust this CA for bind's https address (cluster-local-domain-tls).
@@ -206,5 +213,20 @@ well before it stops. */}}
 {{- .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}
 {{- else -}}
 {{- $setting -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when mutate's own TLS certificate comes from cert-manager: runtime deployments as
+gpu-scheduler.certManager says; webhook.path direct-service likewise, and always when an issuer
+is named (webhook.directService.issuerRef is a cert-manager issuer: with certManager false, an
+error that names both). */}}
+{{- define "gpu-scheduler.ownTLSFromCertManager" -}}
+{{- if and (eq .Values.runtime "knative") .Values.webhook.directService.issuerRef -}}
+{{- if eq (toString .Values.webhook.certManager) "false" -}}
+{{- fail "webhook.directService.issuerRef names a cert-manager issuer, but webhook.certManager is false: remove the issuerRef (the chart's own CA signs mutate's certificate) or set webhook.certManager to true or auto" -}}
+{{- end -}}
+true
+{{- else -}}
+{{- include "gpu-scheduler.certManager" . -}}
 {{- end -}}
 {{- end -}}
