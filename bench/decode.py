@@ -18,7 +18,7 @@ from pathlib import Path
 from kubeapi import projection
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests/fixtures/sample-events"
-FIXTURE = FIXTURES / "k8s-1.34/apiserversource-update-gpu-scheduler-check-2-bound.json"
+FIXTURE = FIXTURES / "knative-v0.50.0/apiserversource-update-gpu-scheduler-check-2-bound.json"
 REVIEW = FIXTURES / "admissionreview-v1-create-gpu-scheduler-check-3.json"  # a bare AdmissionReview
 
 

@@ -7,8 +7,8 @@
     python -m bench.profile [--label before] [--pods 300] [--only bind-create-to-bound,...]
 
 Scenarios (each on its own fresh namespace):
-  bind-create-to-bound  pods created one after another, with the webhook, delivered by the event
-                        source stand-in (localcp/eventsource.py): what `make bench` compares with
+  bind-create-to-bound  pods created one after another, with the webhook, delivered by Knative's
+                        real receive adapter (localcp/adapter.py): what `make bench` compares with
                         kube-scheduler; add events place pods, update events are ignored
   bind-c1 / bind-c8     bind_throughput's load: one add event per pending pod, 1 or 8 senders
   direct-c1 / direct-c8 its direct pods/binding loop (the profile is of an idle bind: the CPU
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from localcp.cluster import REPO
-from localcp.eventsource import Sender, cloudevent_headers
+from localcp.cloudevents import Sender, cloudevent_headers
 from localcp.stack import LocalStack
 
 from . import run

@@ -25,7 +25,7 @@ from bench import decode, framework, gang, hostile, kueue, namespace_name, pool,
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
-from localcp.eventsource import Sender, cloudevent_headers
+from localcp.cloudevents import Sender, cloudevent_headers
 from localcp.stack import LocalStack
 from tests.fixtures import SAMPLES
 

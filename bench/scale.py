@@ -43,7 +43,7 @@ from bench import figure_line
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from kubeapi.client import MERGE_PATCH, Kube
 from localcp.cluster import free_port
-from localcp.eventsource import Sender, ping_headers
+from localcp.cloudevents import Sender, ping_headers
 from localcp.stack import BIND_ACCOUNT, LocalStack
 
 BEFORE_REWRITE = "3efd3e2"  # main before bind's watch-fed queue and GPU Leases

@@ -13,6 +13,7 @@ For each row, in turn (never two at once: one version's stack takes the machine'
    version), its output into the results directory;
 3. the cell: "N passed" (", N failed", ", N errors", ", N skipped" when there are any), read from
    the JUnit XML; "not served" where the version lacks the API (DRA before 1.34: not run);
+   "not supported by Knative" where Knative refuses the version (before 1.34: not run);
    "build failed" when step 1 failed; "no result (exit N)" when pytest wrote none (it crashed, or
    timed out: --timeout).
 
@@ -60,6 +61,7 @@ class Feature:
     args: tuple[str, ...]    # pytest's: files and a -k selection
     dra: bool = False        # needs resource.k8s.io/v1 (1.34+)
     workloads: bool = False  # needs the workload controllers built
+    knative: bool = False    # needs a Kubernetes Knative runs on (1.34+)
 
     def pytest_args(self) -> list[str]:
         return list(self.args)
@@ -88,8 +90,18 @@ FEATURES = (
     Feature("kueue", "Kueue",
             ("tests/test_kueue_controller_cluster.py", "tests/test_kueue_cluster.py",
              "tests/test_kueue_preemption_cluster.py"), workloads=True),
+    Feature("knative", "Knative", ("tests/test_knative_cluster.py",), knative=True),
 )
 BY_NAME = {f.name: f for f in FEATURES}
+
+
+def unavailable(feature: Feature, kubernetes: str) -> str | None:
+    """Why `feature` cannot run on `kubernetes` (the cell's text), or None."""
+    if feature.dra and not versions.dra_served(kubernetes):
+        return "not served"
+    if feature.knative and not versions.knative_supported(kubernetes):
+        return "not supported by Knative"
+    return None
 
 
 @dataclass
@@ -130,7 +142,7 @@ class Cell:
     @property
     def ok(self) -> bool:
         """Ran, and nothing failed (or not served: nothing to run)."""
-        return self.text == "not served" or (self.passed + self.skipped > 0 and not (self.failed or self.errors))
+        return self.text in ("not served", "not supported by Knative") or (self.passed + self.skipped > 0 and not (self.failed or self.errors))
 
 
 def controllers() -> dict[str, str]:
@@ -162,6 +174,8 @@ def build(row: Row, results: Path) -> str | None:
     steps = [["bash", str(REPO / "localcp" / "build.sh"), "--stack"]]
     if any(f.workloads for f in row.features):
         steps.append(["bash", str(REPO / "localcp" / "build-workloads.sh"), *row.controllers])
+    if any(f.knative for f in row.features):  # Knative and the helm its tests install the chart with
+        steps += [["bash", str(REPO / "localcp" / "build-knative.sh")], ["bash", str(REPO / "localcp" / "build-helm.sh")]]
     with out.open("ab") as sink:
         for argv in steps:
             log(f"{row.label}: {' '.join(Path(a).name if a.startswith('/') else a for a in argv[1:])}")
@@ -231,10 +245,10 @@ def run(rows: list[Row], results: Path, timeout: float) -> dict[str, dict[str, C
     cells: dict[str, dict[str, Cell]] = {}
     for row in rows:
         cells[row.key] = row_cells = {}
-        runnable = [f for f in row.features if not (f.dra and not versions.dra_served(row.kubernetes))]
+        runnable = [f for f in row.features if not unavailable(f, row.kubernetes)]
         for feature in row.features:
             if feature not in runnable:
-                row_cells[feature.name] = Cell("not served")
+                row_cells[feature.name] = Cell(unavailable(feature, row.kubernetes))
         failure = build(row, results) if runnable else None
         if failure:
             log(f"{row.label}: build failed: {failure}")
@@ -270,7 +284,8 @@ INTRO = (
     "kube-controller-manager, kube-scheduler and kubelet of that release, and from 1.34 its DRA test driver; etcd "
     "and containerd 1.7 are the same for all) and runs the tests of each feature against it: a row per run, each "
     "cell what pytest saw there. \"not served\": the version lacks the API (DRA's `resource.k8s.io/v1`, from "
-    "1.34), not run; \"—\": not in that row.")
+    "1.34), not run; \"not supported by Knative\": Knative v0.50.0 refuses to start before 1.34 (knative.dev/pkg's "
+    "minimum), not run; \"—\": not in that row.")
 NOT_RUN = ("Not run yet: `make test-compat` runs it and writes this page (about half an hour per version on 2 "
            "cores, plus each version's first build).")
 COLUMNS = ("What each column runs (pytest, with the row's versions in `GPU_SCHEDULER_K8S`, `GPU_SCHEDULER_JOBSET`, "
@@ -296,8 +311,8 @@ def render(rows: list[Row], cells: dict[str, dict[str, Cell]], when: str | None 
             cell = cells.get(row.key, {}).get(feature.name)
             if feature not in row.features:
                 shown.append("—")
-            elif feature.dra and not versions.dra_served(row.kubernetes):
-                shown.append("not served")
+            elif unavailable(feature, row.kubernetes):
+                shown.append(unavailable(feature, row.kubernetes))
             else:
                 shown.append(cell.text if cell else "not run")
         lines.append(f"| {row.kubernetes} | {controllers} | " + " | ".join(shown) + " |")
@@ -355,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = plan(args.versions, selected, None if args.no_earlier_controllers else args.earlier_controllers_on)
     if args.list:
         for row in rows:
-            served = [f.name if not f.dra or versions.dra_served(row.kubernetes) else f"{f.name} (not served)"
+            served = [f"{f.name} ({unavailable(f, row.kubernetes)})" if unavailable(f, row.kubernetes) else f.name
                       for f in row.features]
             print(f"{row.kubernetes}  {' / '.join(row.controllers[k] for k in WORKLOAD_KINDS)}  {', '.join(served)}")
         for feature in FEATURES:

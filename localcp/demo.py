@@ -306,7 +306,9 @@ def bind_events(stack: LocalStack) -> list[str]:
     (read from the pod's port through the API server)."""
     lines = []
     for pod in stack.pods(NAMESPACE, "serving.knative.dev/service=bind"):
-        metrics = stack.cp.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}:8080/proxy/metrics")
+        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        metrics = stack.cp.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}:8080/proxy/metrics").decode()
         lines += [f"    {pod['metadata']['name']}: {line}" for line in metrics.splitlines()
                   if line.startswith("gpu_scheduler_bind_events_total{")]
     return lines
@@ -505,7 +507,7 @@ def main_workload(workload: str) -> int:
     ensure_built(stack_only=True, workloads=(workload,))
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          f"node1..node4 (a kubelet and a containerd each);\n    the real {kind} controller and its webhooks; "
-         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and Knative's ApiServerSource receive adapter")
     started = time.monotonic()
     with LocalStack(real_nodes=True, workloads=(workload,)) as stack:
         print(f"    up in {time.monotonic() - started:.1f}s (the {kind} controller in"
@@ -675,7 +677,7 @@ def main_deployment() -> int:
     ensure_built(stack_only=True)
     step(f"Starting etcd, kube-apiserver, kube-controller-manager (its Deployment controller), kube-scheduler"
          f" {KUBERNETES_VERSION};\n    node1..node4 (a kubelet and a containerd each); "
-         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and Knative's ApiServerSource receive adapter")
     started = time.monotonic()
     with LocalStack(real_nodes=True) as stack:
         shown_up(stack, started)
@@ -860,7 +862,7 @@ def main_kueue() -> int:
     ensure_built(stack_only=True, workloads=("kueue",))
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          "node1..node4 (a kubelet and a containerd each);\n    the real Kueue and its webhooks; "
-         "mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+         "mutate (TLS, registered from knative/webhook.yaml), bind, and Knative's ApiServerSource receive adapter")
     started = time.monotonic()
     with LocalStack(real_nodes=True, workloads=("kueue",)) as stack:
         print(f"    up in {time.monotonic() - started:.1f}s (Kueue in {stack.workloads.started_seconds:.1f}s);"
@@ -907,7 +909,7 @@ def main(argv=None) -> int:
     ensure_built(stack_only=True)
     step(f"Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler {KUBERNETES_VERSION}; "
          "node1..node4 (a kubelet and a containerd each);\n"
-         "    mutate (TLS, registered from knative/webhook.yaml), bind, and the ApiServerSource stand-in")
+         "    mutate (TLS, registered from knative/webhook.yaml), bind, and Knative's ApiServerSource receive adapter")
     started = time.monotonic()
     with LocalStack(real_nodes=True) as stack:
         shown_up(stack, started)

@@ -1,6 +1,8 @@
 """bind and mutate as pods on the real nodes, as Knative would run them (LocalStack(in_cluster=True)).
 
-There is no Knative here: a Deployment and a Service stand in for each Knative Service. The
+The lighter of the two ways the stack runs the functions in the cluster (the other is on real
+Knative: LocalStack(knative=True), localcp/knative.py): a Deployment and a Service stand in for
+each Knative Service, for the tests of the images, accounts and probes, which need no Knative. The
 Deployment's pod template is the Knative Service's revision template as shipped
 (knative/<name>-service.yaml: image, ServiceAccount, env, securityContext with runAsNonRoot and
 readOnlyRootFilesystem, resources), with what Knative's controller adds to a revision's pod (PORT,

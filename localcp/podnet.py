@@ -16,7 +16,7 @@ own network namespace: no interface, address or route.
   itself, so mutate is reached through its Service. What a konnectivity server and agent do.
 - Doors (a second process, `doors` in its configuration): a loopback port of the machine relaying
   each connection to a Service's ClusterIP, dialled inside a node's namespace: the way in for what
-  runs on the machine and sends to a Service in the cluster (the event source's stand-in, to bind),
+  runs on the machine and sends to a Service in the cluster (the receive adapter's tap, to bind),
   as `kubectl port-forward` is for a user. kube-proxy picks the endpoint.
 
     python -m localcp.podnet CONFIG.json     (localcp/network.py and LocalStack write it and start it)

@@ -1,5 +1,5 @@
 """The whole system on the local control plane: mutate behind TLS as the API server's webhook,
-bind as the event sink, and the ApiServerSource stand-in between them.
+bind as the event sink, and Knative's real ApiServerSource receive adapter between them.
 
     with LocalStack() as stack: ...   # everything started; everything stopped on exit
 
@@ -29,7 +29,8 @@ from kubernetes import client, config
 
 from . import images, incluster, knative, pki
 from .cluster import REPO, ControlPlane, ProcessFailed, free_port
-from .eventsource import ApiServerSource, Sender, ping_headers
+from .adapter import EventTap, ReceiveAdapter
+from .cloudevents import Sender, ping_headers
 from .nodes import Nodes, node_addresses
 from .workloads import WorkloadControllers
 
@@ -38,6 +39,7 @@ WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
 KNATIVE_VALUES = REPO / "localcp" / "knative-values.yaml"
 RELEASE = "gpu-scheduler"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
+SOURCE_ACCOUNT = ("gpu-scheduler", "pod-events")  # the ApiServerSource's (knative/sources.yaml)
 MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
 
 
@@ -84,7 +86,8 @@ class LocalStack:
         self.webhook = webhook
         self.event_source = event_source
         self.source_options = source_options
-        self.source: ApiServerSource | None = None
+        self.source: EventTap | None = None  # between the real adapter and bind: its fault switches
+        self.adapter: ReceiveAdapter | None = None
         self.mutate_port = free_port()
         self.bind_port = free_port()
         self.mutate_url = f"https://127.0.0.1:{self.mutate_port}"
@@ -126,8 +129,8 @@ class LocalStack:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.source:
-            self.source.stop()
+        if self.adapter:
+            self.adapter.stop()
         if self.workloads:
             self.workloads.stop()  # their webhook configurations first, then the processes
         if self.nodes:
@@ -232,7 +235,7 @@ class LocalStack:
     # -- in the cluster ----------------------------------------------------------------------
     def _open_doors(self, service_name: str = "bind") -> None:
         """The bind Service on the machine's loopback (bind_url), for what runs on the machine and
-        sends to it (the event source's stand-in, ping): localcp/podnet.py relays each connection
+        sends to it (the tap of the receive adapter, ping): localcp/podnet.py relays each connection
         to the Service's ClusterIP inside node1's namespace, where kube-proxy picks the endpoint.
         knative: the chart's Service on bind's revision pods (sink.path direct-service)."""
         service = json.loads(self.cp.get(f"/api/v1/namespaces/{incluster.NAMESPACE}/services/{service_name}"))
@@ -381,11 +384,17 @@ class LocalStack:
         response = sender.http.request("POST", self.bind_url, body=b"{}", headers=ping_headers())
         return {"status": response.status, **json.loads(response.data or b"{}")}
 
-    def start_event_source(self, **faults) -> ApiServerSource:
-        """The ApiServerSource of knative/sources.yaml, run as its adapter would run it."""
-        namespaces = [n.metadata.name for n in self.api.list_namespace().items]
-        self.source = ApiServerSource.from_manifest(self.api, self.bind_url, self.cp.server, namespaces,
-                                                    **faults).start()
+    def start_event_source(self, **faults) -> EventTap:
+        """Knative's real receive adapter for knative/sources.yaml's ApiServerSource, as a process
+        of this machine with the source's ServiceAccount, sending to bind through a tap with
+        fault switches (localcp/adapter.py); returns the tap, also self.source."""
+        self.source = EventTap(self.bind_url, **faults)
+        self.adapter = ReceiveAdapter(self.cp, self.api, self.source, self._account_kubeconfig(SOURCE_ACCOUNT))
+        try:
+            self.adapter.start()
+        except BaseException:
+            self.adapter.stop()
+            raise
         return self.source
 
     # -- waiting ---------------------------------------------------------------------------

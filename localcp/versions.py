@@ -75,3 +75,13 @@ def dra_served(version: str) -> bool:
     """Whether the API server of `version` serves resource.k8s.io/v1, which bind, the stack's DRA
     test driver and the tests use (and localcp/build.sh builds the driver for)."""
     return minor(version) >= DRA_FIRST_MINOR
+
+
+# Knative v0.50.0 refuses to start on a Kubernetes older than knative.dev/pkg's
+# DefaultKubernetesMinVersion (v1.34.0 in the pkg version its go.mod pins).
+KNATIVE_FIRST_MINOR = 34
+
+
+def knative_supported(version: str) -> bool:
+    """Whether Knative (localcp/versions.env's) runs on Kubernetes `version`."""
+    return minor(version) >= KNATIVE_FIRST_MINOR

@@ -213,7 +213,7 @@ def test_custom_values_reach_the_objects(helm):
     for kind, name in (("ApiServerSource", "pod-events"), ("PingSource", "resync")):
         sink = find(docs, kind, name)["spec"]["sink"]
         assert sink["CACerts"].strip() == values["sink"]["caCerts"].strip()
-        assert sink["ref"] == {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "bind", "namespace": namespace}
+        assert sink["ref"] == {"apiVersion": "v1", "kind": "Service", "name": "gpu-bind-events", "namespace": namespace}
     webhook = find(docs, "MutatingWebhookConfiguration", "gpu-scheduler")["webhooks"][0]  # the pods' (the templates' follow, quotas on)
     assert (webhook["failurePolicy"], webhook["timeoutSeconds"]) == ("Ignore", 3)
     [expression] = webhook["namespaceSelector"]["matchExpressions"]
@@ -350,10 +350,14 @@ def test_direct_service_path(helm, values):
     assert "ports" not in tls, "Knative allows one port per pod: the user container's"
     assert [c["name"] for c in pod["containers"] if c.get("ports")] == ["mutate"]
     assert f"--bind=0.0.0.0:{port}" in tls["args"]
-    probe = tls["readinessProbe"]
+    # Knative v0.50.0's webhook refuses any probe on a second container (multi-container-probing
+    # off, its default): the function's readiness checks the TLS listener's too.
+    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(tls)
+    probe = containers(docs, "mutate")["mutate"]["readinessProbe"]
     assert "exec" in probe and not {"httpGet", "tcpSocket", "grpc"} & set(probe), "kept by Knative, run by the kubelet"
-    assert probe["exec"]["command"][-1] == str(port) and "/health/readiness" in probe["exec"]["command"][2], (
-        "mutate's readiness: it fails while mutate drains after a SIGTERM")
+    assert probe["exec"]["command"][-2:] == ["http://127.0.0.1:8080/health/readiness",
+                                             f"https://127.0.0.1:{port}/health/readiness"], (
+        "mutate's readiness, and its TLS listener's: each fails while mutate drains after a SIGTERM")
     # The drain (serving/gunicorn_config.py, DRAIN_SECONDS 15) outlasts the probe's failing.
     assert probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"] < 15
     [mount] = tls["volumeMounts"]
@@ -451,7 +455,8 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
     args = [f"--bind=127.0.0.1:{port}" if a.startswith("--bind=") else f"--certfile={crt}" if a.startswith("--certfile=")
             else f"--keyfile={key}" if a.startswith("--keyfile=") else a for a in args]
     assert tls["command"] == ["gunicorn"]
-    probe = [sys.executable if part == "python" else part for part in tls["readinessProbe"]["exec"]["command"][:-1]] + [str(port)]
+    command = containers(docs, "mutate")["mutate"]["readinessProbe"]["exec"]["command"]
+    probe = [sys.executable if part == "python" else part for part in command[:3]] + [f"https://127.0.0.1:{port}/health/readiness"]
     assert subprocess.run(probe, capture_output=True, timeout=30).returncode != 0, "not ready before gunicorn listens"
     server = subprocess.Popen([sys.executable, "-m", "gunicorn", *args], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT,  # DRAIN_SECONDS 0: stopped at once at the end

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from localcp.eventsource import Sender, cloudevent_headers
+from localcp.cloudevents import Sender, cloudevent_headers
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = yaml.safe_load((REPO / "check" / "statefulset.yaml").read_text())

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from conftest import FunctionServer
-from localcp.eventsource import Sender, cloudevent_headers
+from localcp.cloudevents import Sender, cloudevent_headers
 from localcp.stack import LocalStack
 from test_end_to_end import pod_manifest, statefulset
 
@@ -69,7 +69,7 @@ def test_every_event_three_times_out_of_order(stack, namespace, faulty):
     faulty.hold()  # let the copies pile up, then shuffle and send them all at once
     stack.apply(sts(namespace, 30))
     stack.wait_for(lambda: len(stack.pods(namespace)) == 30, 60, "30 pods created")
-    stack.wait_for(lambda: faulty._queue.unfinished_tasks >= 90, 30, "90 queued events")
+    stack.wait_for(lambda: faulty.queued() >= 90, 30, "90 queued events")
     start = len(faulty.sender.results)
     faulty.release()
     pods = stack.wait_bound(namespace, 30, timeout=90)
@@ -98,7 +98,7 @@ def test_thirty_percent_dropped_places_every_pod_without_a_ping(stack, namespace
 def test_a_pod_deleted_between_event_and_bind(stack, namespace, faulty):
     faulty.hold()
     stack.apply(pod_manifest(namespace, "gone-0", "0=node1:0\n"))
-    stack.wait_for(lambda: faulty._queue.unfinished_tasks >= 1, 20, "the add event queued")
+    stack.wait_for(lambda: faulty.queued() >= 1, 20, "the add event queued")
     start = len(faulty.sender.results)
     stack.cp.kubectl("delete", "pod", "-n", namespace, "gone-0", "--grace-period=0", "--force")
     faulty.release()

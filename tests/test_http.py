@@ -221,7 +221,7 @@ def test_bind_rejects_pod_events_without_a_usable_pod(bind_server, data, needle)
 
 def test_bind_ping_while_the_api_is_down_is_not_redelivered(bind_server):
     """bind's watches list again by themselves once the API server answers."""
-    from localcp.eventsource import ping_headers
+    from localcp.cloudevents import ping_headers
 
     status, raw, _ = bind_server.post(b"{}", ping_headers())
     assert status == 200 and json.loads(raw)["result"] == "Retry"

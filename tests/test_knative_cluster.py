@@ -22,13 +22,16 @@ import time
 
 import pytest
 
-from localcp import knative
-from localcp.cluster import NODES
+from localcp import adapter, knative, versions
+from localcp.cluster import KUBERNETES_VERSION, NODES
 from localcp.stack import LocalStack
 from tests.test_end_to_end import EXPECTED, statefulset
 from tests.test_nodes import placement_from_logs, running
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.skipif(
+    not versions.knative_supported(KUBERNETES_VERSION),
+    reason=f"Knative v0.50.0 needs Kubernetes 1.{versions.KNATIVE_FIRST_MINOR} or newer (knative.dev/pkg's"
+           f" DefaultKubernetesMinVersion); the stack's is {KUBERNETES_VERSION}")]
 NS = "gpu-scheduler"
 ADD = "dev.knative.apiserver.resource.add"
 PING = "dev.knative.sources.ping"
@@ -53,7 +56,7 @@ def ready(pod: dict) -> bool:
 def events_counted(stack: LocalStack, pod: str) -> dict[tuple[str, str], float]:
     """bind's gpu_scheduler_bind_events_total in one of its pods, by (type, status): read from
     the pod's own port through the API server (each instance counts its own)."""
-    metrics = stack.cp.get(f"/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/metrics")
+    metrics = stack.cp.get(f"/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/metrics").decode()
     counted = {}
     for labels, value in re.findall(r'^gpu_scheduler_bind_events_total\{([^}]*)\} (\S+)$', metrics, re.M):
         fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
@@ -84,6 +87,29 @@ def test_knative_runs_as_pods_on_the_real_nodes(kn):
     assert adapters and all(ready(p) for p in adapters)
     assert adapters[0]["spec"]["containers"][0]["image"] == \
         knative.projects()[0].image_name("apiserver_receive_adapter")
+
+
+def test_the_adapter_the_machine_runs_is_configured_as_eventings_controller_configures_it(kn):
+    """localcp/adapter.py runs the same adapter on the machine for stacks without Knative: its
+    environment is the one the real controller wrote into the adapter's Deployment here."""
+    [deployment] = [d for d in kn.knative_resources("deployments") if d["metadata"]["name"].startswith("apiserversource-")]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    real = {e["name"]: e.get("value") for e in container["env"]}
+    tap = adapter.EventTap("http://127.0.0.1:9")
+    try:
+        ours = adapter.ReceiveAdapter(kn.cp, kn.api, tap, kn.cp.kubeconfig).environment()
+    finally:
+        tap.stop()
+    assert set(ours) == set(real)
+    for name in ("SYSTEM_NAMESPACE", "NAME", "METRICS_DOMAIN", "K_KLOG_VERBOSITY"):
+        assert ours[name] == real[name], name
+    assert json.loads(ours["K_OBSERVABILITY_CONFIG"]) == json.loads(real["K_OBSERVABILITY_CONFIG"])
+    assert json.loads(json.loads(ours["K_LOGGING_CONFIG"])["zap-logger-config"]) == \
+        json.loads(json.loads(real["K_LOGGING_CONFIG"])["zap-logger-config"])
+    ours_config, real_config = json.loads(ours["K_SOURCE_CONFIG"]), json.loads(real["K_SOURCE_CONFIG"])
+    assert set(real_config["namespaces"]) <= set(ours_config.pop("namespaces"))  # listed when it reconciled
+    real_config.pop("namespaces")
+    assert ours_config == real_config
 
 
 @pytest.mark.parametrize("service", ["bind", "mutate"])
@@ -150,7 +176,12 @@ def test_mutate_rolled_to_a_new_revision_while_pods_are_created_admits_every_one
         kn.wait_for(lambda: {p["metadata"]["labels"]["serving.knative.dev/revision"]
                              for p in revision_pods(kn, "mutate") if ready(p)} - {old}, 120,
                     "a ready pod of mutate's new revision", interval=1)
-        kn.wait_for(lambda: not [p for p in kn.pods(NS, f"serving.knative.dev/revision={old}")], 240,
+        # With a gateway, the Route would move traffic to the new revision and the autoscaler
+        # scale the old one down; here the Route is never programmed, so the old revision stays
+        # scaled. Deleted (as Serving's revision GC does), its pods drain and stop while pods are
+        # still being created.
+        kn.cp.kubectl("delete", "revision", old, "-n", NS, "--wait=false")
+        kn.wait_for(lambda: not [p for p in kn.pods(NS, f"serving.knative.dev/revision={old}")], 120,
                     "the old revision's pods gone", interval=1)
     finally:
         stop.set()

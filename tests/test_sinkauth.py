@@ -10,7 +10,7 @@ from conftest import FunctionServer
 from serving.sinkauth import SinkAuth, Unauthenticated, bearer_token, sender_problem
 from test_end_to_end import pod_manifest
 
-from localcp.eventsource import Sender, cloudevent_headers
+from localcp.cloudevents import Sender, cloudevent_headers
 
 AUDIENCE = "serving.knative.dev/service/gpu-scheduler/bind"
 SOURCE = "system:serviceaccount:gpu-scheduler:pod-events"
