@@ -351,8 +351,8 @@ def main_knative() -> int:
         shown_running(stack, False, f"{SEED_NAME}-4", since)
         step("gpu_scheduler_bind_events_total by type and status, from bind's /metrics   (the adapters' deliveries)")
         try:
-            stack.wait_for(lambda: any('dev.knative.sources.ping' in line for line in bind_events(stack)), 30,
-                           "a ping counted", interval=1)
+            stack.wait_for(lambda: any('dev.knative.sources.ping' in line for line in bind_events(stack)), 75,
+                           "a ping counted (the PingSource's schedule: every minute)", interval=1)
         except TimeoutError as error:
             failure = str(error)
         print("\n".join(bind_events(stack)))

@@ -277,6 +277,9 @@ def image_name_in_manifest(manifest: Path = CHECK_MANIFEST) -> str:
 class Image:
     name: str
     archive: Path
+    # False: the nodes import it without unpacking it; containerd's CRI unpacks an image the first
+    # time a container of it is created there (for archives of many images each node runs few of).
+    unpack: bool = True
 
     @property
     def index(self) -> dict:
@@ -410,7 +413,7 @@ def write_oci_archive_of(target: Path, contents: dict[str, tuple[list[Path | byt
                                           "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}})
         add(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": index}).encode())
     partial.rename(target)
-    return [Image(name, target) for name in contents]
+    return [Image(name, target) for name in contents]  # (callers set unpack)
 
 
 def _cached(prefix: str, key: str) -> Path:

@@ -100,7 +100,7 @@ def knative_images() -> list[images.Image]:
         "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", f"KO_DATA_PATH={KO_DATA}", "HOME=/nonexistent"]}
         for project, command in commands}
     if target.exists():
-        return [images.Image(name, target) for name in configs]
+        return [images.Image(name, target, unpack=False) for name in configs]
     base = images._layer(_BASE_FILES)
     images.IMAGES.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images.IMAGES) as tmp:
@@ -110,7 +110,9 @@ def knative_images() -> list[images.Image]:
             with open(layer, "wb") as out:
                 images._write_layer(out, [(f"/ko-app/{command}", project.directory / "bin" / command, 0o755, None)])
             layers[project.image_name(command)] = [base, layer]
-        return images.write_oci_archive_of(target, {name: (layers[name], config) for name, config in configs.items()})
+        built = images.write_oci_archive_of(target, {name: (layers[name], config) for name, config in configs.items()})
+    # Each node runs a few of the twelve: each unpacks only those (CRI does it at first use).
+    return [images.Image(image.name, image.archive, unpack=False) for image in built]
 
 
 # -- the release configuration -------------------------------------------------------------------

@@ -146,8 +146,8 @@ class Node:
         self._make_cgroups()
         self._write_cni()
         self._start_containerd()
-        for archive in dict.fromkeys(image.archive for image in loaded):  # an archive may hold several
-            self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+        for archive, unpack in dict.fromkeys((image.archive, image.unpack) for image in loaded):  # an archive may hold several
+            self.ctr("images", "import", "--snapshotter", "overlayfs", *(() if unpack else ("--no-unpack",)), str(archive))
 
     def _start_holder(self) -> None:
         mounts = [f"mount -t tmpfs -o mode=755 gpu-scheduler-{self.name} {p}" for p in PRIVATE_TMPFS]
