@@ -39,10 +39,10 @@ $(VENV)/.installed: requirements-dev.txt functions/bind/requirements.txt functio
 
 venv: $(VENV)/.installed
 
-stack:  ## build what a stack runs, at K8S (once, cached): Kubernetes and its DRA test driver (1.34+), etcd, containerd, runc, CNI plugins, kube-proxy, nft, CoreDNS, the images' base
+stack:  ## build what a stack runs, at K8S (once, cached): Kubernetes and its DRA test driver (1.34+), etcd, containerd, runc, CNI plugins, kube-proxy, nft, CoreDNS, Knative Eventing (its receive adapter), the images' base
 	@bash localcp/build.sh --stack
 
-controlplane:  ## build everything make test and make bench use (once, cached): the stack's parts, helm, the workload controllers, Argo CD's CRDs
+controlplane:  ## build everything make test and make bench use (once, cached): the stack's parts, helm, the workload controllers, Argo CD's CRDs, Knative Serving
 	@bash localcp/build.sh
 
 workloads:  ## build the JobSet, LeaderWorkerSet and Kueue controllers at JOBSET, LWS, KUEUE (once, cached)

@@ -13,7 +13,8 @@
 # workload controllers (JobSet, LeaderWorkerSet, Kueue), Argo CD's CRDs and Knative.
 #   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
 #   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
-#                                   nodes' parts, the DRA test driver and the cluster network; not helm, the workload
+#                                   nodes' parts, the DRA test driver, the cluster network and Knative
+#                                   Eventing (its receive adapter); not helm, Knative Serving, the workload
 #                                   controllers (bash localcp/build-workloads.sh [jobset|lws|kueue]...)
 #                                   or Argo CD's CRDs
 # K8S_VERSION=<v> names the Kubernetes version of one call, before GPU_SCHEDULER_K8S.
@@ -87,6 +88,9 @@ if have_k8s; then log "cached: $BIN, $ETCD_DIR/bin"; else build_k8s; fi
 bash "$HERE/build-dra.sh"
 # The cluster network of the real nodes: kube-proxy (same version), nft, CoreDNS.
 bash "$HERE/build-network.sh"
+# Knative Eventing: its ApiServerSource receive adapter delivers the pods' events to bind on every
+# stack (localcp/adapter.py).
+bash "$HERE/build-knative.sh" eventing
 if $stack_only; then exit 0; fi
 # helm, for the chart (chart/gpu-scheduler).
 bash "$HERE/build-helm.sh"
@@ -95,6 +99,6 @@ bash "$HERE/build-helm.sh"
 bash "$HERE/build-workloads.sh"
 # Argo CD's CRDs, for tests/test_argocd.py's server-side dry run of argocd/.
 bash "$HERE/fetch-argocd-crds.sh"
-# Knative Eventing and Serving, which localcp/knative.py installs on the stack for the tests that
-# run the project on real Knative (make demo KNATIVE=1 builds them alone).
-bash "$HERE/build-knative.sh"
+# Knative Serving too, which localcp/knative.py installs with Eventing for the tests that run the
+# project on real Knative (make demo KNATIVE=1 builds it alone).
+bash "$HERE/build-knative.sh" serving
