@@ -260,8 +260,8 @@ def main() -> int:
                 run.create_latencies(stack, n, run.map_for(n)))})
             release_all(stack)
         stack.unregister_webhook()
-        stack.source.stop()
-        stack.source = None
+        stack.adapter.stop()  # the receive adapter and its tap: the loads below send their own events
+        stack.adapter = stack.source = None
         time.sleep(1)
         for c in (1, 8):
             if f"bind-c{c}" in only:

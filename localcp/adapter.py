@@ -231,9 +231,10 @@ class EventTap:
             return not self._held and not self._busy
 
     def stop(self) -> None:
-        self._released.put(None)
-        self.server.shutdown()
-        self.server.server_close()
+        if self._threads[0].is_alive():
+            self._released.put(None)
+            self.server.shutdown()
+            self.server.server_close()
 
 
 # -- the adapter ---------------------------------------------------------------------------------
