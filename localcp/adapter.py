@@ -140,6 +140,7 @@ class EventTap:
         self.probes: list[tuple[str, str]] = []  # (type, name) of the probe pods' events
         self._held: list[tuple[dict[str, str], bytes]] = []
         self._holding = False
+        self._draining = False  # release() delivering what was held
         self._busy = 0
         self._lock = threading.Lock()
         self._released: queue.Queue = queue.Queue()
@@ -179,7 +180,7 @@ class EventTap:
             else:
                 copies.append((headers, body))
         with self._lock:
-            if self._holding:
+            if self._holding or self._draining:  # behind what is held: delivered in order
                 self._held += copies
                 return 202
             self._busy += 1
@@ -204,22 +205,29 @@ class EventTap:
             self._holding = True
 
     def release(self) -> None:
-        """Deliver what was held (shuffled if shuffle), then pass events through again."""
+        """Deliver what was held (shuffled if shuffle), then pass events through again; what
+        arrives meanwhile goes behind it, so the order of delivery is the order of arrival."""
         with self._lock:
-            held, self._held, self._holding = self._held, [], False
             if self.shuffle:
-                self.random.shuffle(held)
-            self._busy += 1
-        self._released.put(held)
+                self.random.shuffle(self._held)
+            self._holding = False
+            self._draining = True
+        self._released.put(True)
 
     def _deliver_released(self) -> None:
-        while (held := self._released.get()) is not None:
-            try:
-                for copy in held:
-                    self._forward(*copy)
-            finally:
+        while self._released.get() is not None:
+            while True:
                 with self._lock:
-                    self._busy -= 1
+                    if not self._held:
+                        self._draining = False
+                        break
+                    copy = self._held.pop(0)
+                    self._busy += 1
+                try:
+                    self._forward(*copy)
+                finally:
+                    with self._lock:
+                        self._busy -= 1
 
     def queued(self) -> int:
         """The events held, not yet delivered."""
@@ -228,7 +236,7 @@ class EventTap:
 
     def idle(self) -> bool:
         with self._lock:
-            return not self._held and not self._busy
+            return not self._held and not self._busy and not self._draining
 
     def stop(self) -> None:
         if self._threads[0].is_alive():
