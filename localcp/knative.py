@@ -19,6 +19,7 @@ no Envoy), so nothing reconciles a KIngress and a Route stays IngressNotConfigur
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import subprocess
@@ -57,6 +58,7 @@ class Project:
         return f"ko://knative.dev/{self.name}/cmd/{command}"
 
 
+@functools.cache  # the settings do not change within a process; asked for on every image name
 def projects() -> tuple[Project, Project]:
     """Eventing's and Serving's cache directories (built or not), as build-knative.sh names them."""
     eventing, serving = subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
