@@ -277,6 +277,9 @@ class PodInfo:
     started: float = math.inf
     entry: int | None = None  # the pool entry it holds (pool pods: plugins/poolentry.py)
     pool_map: str = ""  # and the map it was taken from (a rollout may change the map)
+    # namespace/name of each ResourceClaim the pod references: in DRA mode, preemption frees the
+    # devices of a victim's claims. A pool pod's claim is named from its admission, not its name.
+    claims: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInfo":
@@ -286,7 +289,13 @@ class PodInfo:
                    tuple(host_ports(pod)), held_devices(pod), workload(pod), shares_gpus(pod),
                    pod_priority(pod), tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                    bool(meta.get("deletionTimestamp")), GANG_ANNOTATION in _map(meta.get("annotations")),
-                   gang_key(pod), _grace_seconds(pod), _start_time(pod), *_pool_holding(pod))
+                   gang_key(pod), _grace_seconds(pod), _start_time(pod), *_pool_holding(pod), _claims(pod))
+
+
+def _claims(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    namespace = metadata(pod).get("namespace")
+    return tuple(f"{namespace}/{c['resourceClaimName']}" for c in _list(spec(pod).get("resourceClaims"))
+                 if isinstance(c.get("resourceClaimName"), str))
 
 
 def _grace_seconds(pod: Mapping[str, Any]) -> int:

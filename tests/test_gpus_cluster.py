@@ -369,8 +369,10 @@ def test_free_and_bind_binds_there(stack, reader, second, situation):
         with stack_bind_stopped(stack):
             s.apply(probe)
             stack.wait_bound(ns, 1, timeout=30)
-        events = [e for e in stack.api.list_namespaced_event(ns, field_selector="reason=Scheduled").items
-                  if e.involved_object.name == "probe-0"]
+        # bind's recorder writes the Scheduled Event after the Binding, in the background: wait for it.
+        events = stack.wait_for(lambda: [e for e in stack.api.list_namespaced_event(
+            ns, field_selector="reason=Scheduled").items if e.involved_object.name == "probe-0"], 20,
+            "probe-0's Scheduled Event")
         assert [e.reporting_instance for e in events] == [SECOND], [(e.reporting_instance, e.message) for e in events]
     probe_uid = s.live("probe-0")["metadata"]["uid"]
     assert [e["message"] for e in failed_scheduling(stack, ns, probe_uid)] == []  # bound at once, never refused

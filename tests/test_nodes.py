@@ -74,8 +74,10 @@ def test_seed_placement_read_back_from_the_containers_logs(real_stack, ns):
     # NODE_NAME from the downward API, CUDA_VISIBLE_DEVICES from mutate: what the process saw.
     assert placement_from_logs(real_stack, ns, pods) == EXPECTED
     for pod in pods:  # started by the kubelet of its node, in containerd, as the image's user
-        started = [e for e in events(real_stack, ns, pod["metadata"]["name"]) if e["reason"] == "Started"]
-        assert started and started[0]["source"] == "kubelet"
+        # the kubelet's recorder writes Started in the background, maybe after the pod shows Running
+        started = real_stack.wait_for(lambda: [e for e in events(real_stack, ns, pod["metadata"]["name"])
+                                               if e["reason"] == "Started"], 20, "the Started Event")
+        assert started[0]["source"] == "kubelet"
         assert pod["status"]["podIP"].startswith(f"10.244.{pod['spec']['nodeName'][-1]}.")
 
 

@@ -110,6 +110,10 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_attempt_that_places_it(stack,
     stack.apply(workload(namespace, f"0=node1:0,1\n1={cordoned}:2", 2))
     stack.wait_for(lambda: len([p for p in stack.pods(namespace) if p["spec"].get("nodeName")]) == 1, 60, "pod 0 bound")
 
+    # bind writes the Scheduled Event after the Binding, in the background: explain once it is there.
+    stack.wait_for(lambda: "Scheduled" in [e["reason"] for e in json.loads(run(
+        "explain", "pod/gpu-scheduler-check-0", "-n", namespace, "--kubeconfig", reader, "-o", "json")[1])["events"]],
+        20, "pod 0's Scheduled Event")
     code, out, err = run("explain", "pod/gpu-scheduler-check-0", "-n", namespace, "--kubeconfig", reader, "-o", "json")
     answer = json.loads(out)
     assert (code, err) == (0, "")
@@ -136,6 +140,9 @@ def test_explain_a_bound_and_a_waiting_pod_and_the_attempt_that_places_it(stack,
     assert code == 0 and f"Scheduling:     bind: bind to {cordoned}" in out
     assert "Events (gpu-scheduler):" in out and "FailedScheduling" in out
     stack.wait_for(lambda: stack.ping()["outcomes"].get("Bound"), 20, "a resync that binds", interval=1)
+    stack.wait_for(lambda: "Scheduled" in [e["reason"] for e in json.loads(run(
+        "explain", "pod/gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader, "-o", "json")[1])["events"]],
+        20, "pod 1's Scheduled Event")
     code, out, _ = run("explain", "pod", "gpu-scheduler-check-1", "-n", namespace, "--kubeconfig", reader)
     assert code == 0 and f"Node:           {cordoned}" in out and "Scheduled" in out
 

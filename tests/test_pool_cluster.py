@@ -508,9 +508,10 @@ def test_two_bind_instances_racing_for_one_pool_never_give_an_entry_twice(stack,
     binders: Counter = Counter()
     with second_bind(stack, monkeypatch):
         for round_, took, pods in racing_rounds(stack, ns, ENTRIES_8, 5, 90):
-            for pod in pods:
-                events = stack.api.list_namespaced_event(
-                    ns, field_selector=f"involvedObject.uid={pod['metadata']['uid']},reason=Scheduled").items
+            for pod in pods:  # the Scheduled Event follows the Binding, written in the background
+                events = stack.wait_for(lambda: stack.api.list_namespaced_event(
+                    ns, field_selector=f"involvedObject.uid={pod['metadata']['uid']},reason=Scheduled").items, 20,
+                    f"{name_of(pod)}'s Scheduled Event")
                 binders.update({e.reporting_instance for e in events})
             refusals = Counter(e["message"].split(":")[0] if e["message"].startswith("binding") else e["message"][:28]
                                for pod in pods for e in failed_scheduling(stack, ns, pod["metadata"]["uid"]))

@@ -353,3 +353,24 @@ def test_a_claim_lost_to_another_pod_takes_back_only_this_attempts_own():
     stripped = [args[-1]["metadata"]["name"] for args, _ in api.called("update_lease")
                 if NOMINATED_KEY not in args[-1]["metadata"]["annotations"]]
     assert stripped == [], "a nomination this attempt did not write taken off"
+
+
+def test_dra_a_victims_trial_snapshot_frees_the_claim_it_references_a_pool_pods_included():
+    """In DRA mode a victim's devices are those of the claims it references: a StatefulSet pod's
+    `<name>-gpus`, and a pool pod's claim, which mutate named at admission from its generateName
+    (its name does not give it). Both freed in the trial snapshot; another pod's claim kept."""
+    from gpu_scheduler.fit import NodeInfo, PodInfo
+    from gpu_scheduler.framework.snapshot import NodeSnapshot
+    from gpu_scheduler.plugins.defaultpreemption import node_without
+
+    def dra_pod(name: str, claim: str) -> dict:
+        return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+                "spec": {"nodeName": "node3", "resourceClaims": [{"name": "gpu-scheduler", "resourceClaimName": claim}]}}
+    pool = PodInfo.of(dra_pod("serve-7d4f9-x2x8q", "serve-7d4f9-0a1b2c3d4e-gpus"))
+    replica = PodInfo.of(dra_pod("train-0", "train-0-gpus"))
+    kept = PodInfo.of(dra_pod("other-0", "other-0-gpus"))
+    assert pool.claims == ("team/serve-7d4f9-0a1b2c3d4e-gpus",)
+    node = NodeSnapshot("node3", {"metadata": {"name": "node3"}}, NodeInfo.of([pool, replica, kept]),
+                        held={"gpu-0": "team/serve-7d4f9-0a1b2c3d4e-gpus", "gpu-1": "team/train-0-gpus",
+                              "gpu-2": "team/other-0-gpus"})
+    assert dict(node_without(node, [pool, replica]).held) == {"gpu-2": "team/other-0-gpus"}

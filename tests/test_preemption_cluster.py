@@ -9,7 +9,8 @@ whose mapped GPU a pod of lower priority holds takes it back.
   replicas: nothing is evicted, and the preemptor's Event says why;
 - three bind instances and two high-priority pods racing for one victim's GPU: one eviction, one
   bound pod, the other waiting and saying for whom the GPU is being freed;
-- DRA mode: the victim's claim's device is freed and then allocated in the preemptor's claim;
+- DRA mode: the victim's claim's device is freed and then allocated in the preemptor's claim, a
+  pool pod's claim (named at its admission, not from its name) included;
 - a gang of high priority one of whose members only a pod of equal priority is in the way of:
   nothing evicted; that pod gone, the low-priority pod in another member's way is evicted, and the
   gang is bound whole.
@@ -37,6 +38,7 @@ from gpu_scheduler.records import MANAGED_BY, Record, nominated_lease, record_na
 
 from test_dra_cluster import RESOURCE, admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
 from test_end_to_end import pod_manifest, statefulset
+from test_pool_cluster import deployment as pool_deployment, remove_deployments
 from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
 from test_placer import synced_placer
 from test_records_cluster import own_nodes, ready_instance  # noqa: F401 (own_nodes: a fixture)
@@ -65,7 +67,7 @@ def priority_classes(stack):
 
 
 def with_class(manifest: dict, priority_class: str) -> dict:
-    spec = manifest["spec"]["template"]["spec"] if manifest["kind"] == "StatefulSet" else manifest["spec"]
+    spec = manifest["spec"]["template"]["spec"] if manifest["kind"] in ("StatefulSet", "Deployment") else manifest["spec"]
     spec["priorityClassName"] = priority_class
     spec["terminationGracePeriodSeconds"] = GRACE
     return manifest
@@ -331,6 +333,37 @@ def test_dra_a_lower_priority_claims_device_is_freed_and_allocated_to_the_preemp
                    "the preemptor bound")
     results = admin._call("GET", f"{claims}/high-1-gpus")["status"]["allocation"]["devices"]["results"]
     assert [(r["pool"], r["device"]) for r in results] == [("node3", "gpu-1")]
+
+
+def test_dra_a_pool_victims_claim_is_freed_and_its_device_allocated_to_the_preemptor(stack, namespace, admin,
+                                                                                      gpus_on_node3):
+    """A pool pod (a Deployment's replica) holds its entry's device through the claim mutate named
+    at admission from its generateName, not `<pod name>-gpus`: preemption must free that claim's
+    device in its trial, or it finds no victim and the preemptor waits for ever."""
+    victim_deployment = pool_deployment(namespace, "serve-low", {0: ("node3", "1")}, 1)
+    victim_deployment["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/device-env"] = "dra"
+    stack.apply(with_class(victim_deployment, LOW))
+    try:
+        [victim] = stack.wait_bound(namespace, 1, "app=serve-low")
+        [ref] = victim["spec"]["resourceClaims"]
+        assert ref["resourceClaimName"] != f"{victim['metadata']['name']}-gpus", ref  # the case this test is for
+        claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+        stack.wait_for(lambda: (admin._call("GET", f"{claims}/{ref['resourceClaimName']}")["status"]
+                                .get("allocation")), 30, "the pool pod's claim allocated")
+        stack.apply(with_class(dra_pod(namespace, "high-1", "1=node3:1"), HIGH))
+
+        gone = evicted(stack, namespace, victim)
+        assert disruption(gone)["reason"] == "PreemptionByScheduler"
+        # The ReplicaSet makes a replacement at once (a Terminating pod is not counted): it waits,
+        # and the preemptor's nomination keeps the freed device for the preemptor.
+        play_kubelet(stack, namespace, victim["metadata"]["name"])
+        stack.ping()
+        stack.wait_for(lambda: (pod(stack, namespace, "high-1") or {}).get("spec", {}).get("nodeName") == "node3",
+                       60, "the preemptor bound")
+        results = admin._call("GET", f"{claims}/high-1-gpus")["status"]["allocation"]["devices"]["results"]
+        assert [(r["pool"], r["device"]) for r in results] == [("node3", "gpu-1")]
+    finally:
+        remove_deployments(stack, namespace)
 
 
 

@@ -38,7 +38,6 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from kubeapi.errors import APIError
 
-from .dynamicresources import allocator as dra
 from ..fit import NodeInfo, PodInfo, pod_priority, workload
 from ..framework.interface import (
     SUCCESS, Code, CycleState, FilterRunner, PodGroup, PostFilterPlugin, PostFilterResult, Refusal, Status,
@@ -126,7 +125,7 @@ def node_without(node: NodeSnapshot, removed: Iterable[PodInfo]) -> NodeSnapshot
     grace ends), and, in DRA mode, their claims' devices free."""
     removed = tuple(removed)
     uids = frozenset(p.uid for p in removed)
-    claims = {f"{p.name.split('/', 1)[0]}/{dra.claim_name(p.name.split('/', 1)[-1])}" for p in removed}
+    claims = {claim for p in removed for claim in p.claims}
     return NodeSnapshot(
         name=node.name, node=node.node, info=NodeInfo.of(p for p in node.info.pods if p.uid not in uids),
         records=node.records, gone=node.gone | uids, now=node.now, slices=node.slices,
