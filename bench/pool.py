@@ -54,6 +54,7 @@ PODS = 100
 KINDS = ("Deployment", "StatefulSet")
 GOAL = 1.1  # Deployment / StatefulSet, create-to-bound
 WRITES_GOAL = 1.0  # Deployment - StatefulSet, API writes per placement
+CPU_GOAL = 1.2  # issue 53: bind's CPU per placement, Deployment / StatefulSet
 DEADLINE_S = 60.0  # per run, from the workload's creation to its last pod bound
 NAME = "bench"
 
@@ -339,4 +340,8 @@ def rows(f: dict) -> list[str]:
         def cpu(figure: dict) -> str:
             return f"{figure['bind_cpu_ms_per_placement']:.2f}" if "bind_cpu_ms_per_placement" in figure else "-"
         out.append(f"{'  bind CPU per placement (ms), Deployment / StatefulSet':<62} {cpu(d)} / {cpu(s)}")
+        if d.get("bind_cpu_ms_per_placement") and s.get("bind_cpu_ms_per_placement"):
+            ratio = d["bind_cpu_ms_per_placement"] / s["bind_cpu_ms_per_placement"]
+            out.append(f"{'  bind CPU per placement, Deployment / StatefulSet':<62} {ratio:>20.2f} "
+                       f"{'<= ' + str(CPU_GOAL):>12}  {'PASS' if ratio <= CPU_GOAL else 'MISS'}")
     return out

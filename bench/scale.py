@@ -178,6 +178,7 @@ def namespace(stack: LocalStack, what: str) -> str:
 BEFORE_POOLS = "6c2330a"  # main before pools (issue 49): the drain issue 53 wants back
 DRAIN_REVISIONS = (BEFORE_POOLS,)
 DRAIN_GOAL, TWO_INSTANCES_GOAL = 1.0, 0.95  # issue 53: bind / raw at 8 threads; two instances / one
+READY_GOAL_S = 1.0  # issue 53: bind ready after its process starts, at scale
 
 
 def drain_kinds(revisions: tuple[str, ...]) -> list[str]:
@@ -460,6 +461,13 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str) -> dict:
         bulk, figures["create_s"] = create_all(api, ns, [bulk_pod(i, nodes) for i in range(pods_n)])
         quiet(cpu)  # the watches deliver the last of them
         figures["cpu_ms_per_1000_created"] = {who: (t - before[who]) * 1e6 / pods_n for who, t in cpu().items()}
+        # Cold start where it costs most: a new instance lists every node and pod before it is ready.
+        figures["ready_s"] = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            cold, _ = binds.start()
+            figures["ready_s"].append(time.perf_counter() - t0)
+            binds.stop(cold, pods_deleted=False)
         probed = bulk[:STATUS_UPDATES]
         figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
         runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
@@ -605,6 +613,10 @@ def rows(results: dict) -> list[str]:
         if "bind before" in s:
             before = s["bind before"]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
             row(f"  CPU per placement, bind at {BEFORE_ISSUE_39} / kube-scheduler", f"{before:.2f}")
+        if s.get("ready_s"):
+            ready = statistics.median(s["ready_s"])
+            row(f"  bind process start to ready, {s['nodes']} nodes and {s['pods']} pods listed (median s)",
+                f"{ready:.2f}", f"<= {READY_GOAL_S}", ready <= READY_GOAL_S)
         u = s["status_update_cpu_ms"]
         row(f"  CPU ms per status update of a pod bound elsewhere, bind", f"{u['bind']:.3f}", "<= 0.3", u["bind"] <= 0.3)
         row(f"    the same, bind at {BEFORE_ISSUE_39}; kube-scheduler",

@@ -159,7 +159,7 @@ class ControlPlane:
         path = self.workdir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def _wait(self, name: str, ready, what: str, timeout: float = 60) -> None:
+    def _wait(self, name: str, ready, what: str, timeout: float = 60, interval: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             process = self.processes[name]
@@ -170,7 +170,7 @@ class ControlPlane:
                     return
             except OSError:
                 pass
-            time.sleep(0.2)
+            time.sleep(interval)
         raise ProcessFailed(f"{name}: {what} not ready after {timeout}s:\n{self.log_tail(name)}")
 
     # -- pieces ----------------------------------------------------------------------------
