@@ -38,7 +38,6 @@ from gpu_scheduler.records import MANAGED_BY, Record, nominated_lease, record_na
 
 from test_dra_cluster import RESOURCE, admin, dra_pod, gpus_on_node3  # noqa: F401 (fixtures)
 from test_end_to_end import pod_manifest, statefulset
-from test_pool_cluster import deployment as pool_deployment, remove_deployments
 from test_plugin_cluster import reader, run  # noqa: F401 (reader: a fixture)
 from test_placer import synced_placer
 from test_records_cluster import own_nodes, ready_instance  # noqa: F401 (own_nodes: a fixture)
@@ -340,6 +339,8 @@ def test_dra_a_pool_victims_claim_is_freed_and_its_device_allocated_to_the_preem
     """A pool pod (a Deployment's replica) holds its entry's device through the claim mutate named
     at admission from its generateName, not `<pod name>-gpus`: preemption must free that claim's
     device in its trial, or it finds no victim and the preemptor waits for ever."""
+    # Here, not at the top: test_pool_cluster imports test_pending_reasons_cluster, which imports this module.
+    from test_pool_cluster import deployment as pool_deployment, remove_deployments
     victim_deployment = pool_deployment(namespace, "serve-low", {0: ("node3", "1")}, 1)
     victim_deployment["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler/device-env"] = "dra"
     stack.apply(with_class(victim_deployment, LOW))

@@ -38,14 +38,15 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from kubeapi.errors import APIError
 
-from ..fit import NodeInfo, PodInfo, pod_priority, workload
+from ..fit import NodeInfo, PodInfo
 from ..framework.interface import (
     SUCCESS, Code, CycleState, FilterRunner, PodGroup, PostFilterPlugin, PostFilterResult, Refusal, Status,
-    api_failure, error, unschedulable,
+    api_failure, error, inputs, unschedulable,
 )
 from ..framework.snapshot import NodeSnapshot
 from ..placement import metadata, spec
-from ..records import Record, nominated_lease, nomination, without_nomination, workload_key
+from ..podinputs import PodInputs
+from ..records import Record, nominated_lease, nomination, without_nomination
 from .mapentry import resolved
 
 NAME = "DefaultPreemption"
@@ -187,11 +188,10 @@ def _violations(units: Sequence[_Unit], pdbs: Sequence[Mapping[str, Any]]) -> di
     return violating
 
 
-def _units(pod: Mapping[str, Any], node: NodeSnapshot, priority: int, members_of: MembersOf
+def _units(uid: str, node: NodeSnapshot, priority: int, members_of: MembersOf
            ) -> tuple[list[_Unit], list[PodInfo]]:
     """The node's pods that may be preempted, as units (a gang whole), and those of equal or higher
-    priority (or in a gang that has such a member), which may not."""
-    uid = str(metadata(pod).get("uid") or "")
+    priority (or in a gang that has such a member), which may not; `uid`: the preemptor's."""
     units: list[_Unit] = []
     kept: list[PodInfo] = []
     seen_gangs: set[tuple[str, ...]] = set()
@@ -228,9 +228,10 @@ def select_victims(pod: Mapping[str, Any], node: NodeSnapshot, refusal: Status, 
         return NoPreemption(f"{refusal.plugin}'s refusal is not one that evicting pods can undo", quiet=True)
     if preemption_policy_never(pod):
         return NoPreemption("the pod's preemptionPolicy is Never")
-    priority = pod_priority(pod)
+    me = inputs(state, pod)
+    priority = me.priority
     terminating = [p for p in node.info.pods if p.terminating]
-    units, kept = _units(pod, node, priority, members_of)
+    units, kept = _units(me.uid, node, priority, members_of)
     every = [p for unit in units for p in unit.here] + terminating
     if every:
         alone = _fits(filters, state, pod, node_without(node, every))
@@ -279,9 +280,8 @@ def _release(written: Sequence[Mapping[str, Any]], cluster) -> None:
             pass
 
 
-def preempted_message(pod: Mapping[str, Any], node: str) -> str:
-    meta = metadata(pod)
-    return f"Preempted by {meta.get('namespace')}/{meta.get('name')} (priority {pod_priority(pod)}) on node {node}"
+def preempted_message(me: PodInputs, node: str) -> str:
+    return f"Preempted by {me.name} (priority {me.priority}) on node {node}"
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,11 @@ class _Plan:
     node: NodeSnapshot
     state: CycleState
     chosen: Preemption
+
+    @property
+    def inputs(self) -> PodInputs:
+        """The preemptor as its cycle read it (its uid, name, priority, workload)."""
+        return inputs(self.state, self.pod)
 
 
 class PreemptionListers(Protocol):
@@ -343,7 +348,7 @@ class DefaultPreemption(PostFilterPlugin):
             trial = node_without(node, chosen_on.get(node.name, ()))
             chosen = select_victims(pod, trial, refusal.status, refusal.state, self.run_filters, cluster.pdbs(node),
                                     cluster.members_of)
-            who = "" if group.alone else f"member {metadata(pod).get('name')}: "
+            who = "" if group.alone else f"member {inputs(refusal.state, pod).name.split('/', 1)[-1]}: "
             if isinstance(chosen, NoPreemption):
                 said = "" if chosen.quiet else f"{who}{chosen.reason}"
                 return _Choice(result=PostFilterResult(
@@ -388,17 +393,16 @@ class DefaultPreemption(PostFilterPlugin):
         longest = max((v.info.grace_seconds for p in plans for v in p.chosen.victims), default=0)
         until = time.time() + longest + NOMINATION_SECONDS
         for plan in plans:  # the claim: a write at the version decided from; the first writer wins
-            meta, node = metadata(plan.pod), plan.node
-            who, uid = f"{meta.get('namespace')}/{meta.get('name')}", str(meta.get("uid") or "")
+            me, node = plan.inputs, plan.node
+            who = me.name
             for device in resolved(plan.state).placement.devices:
                 record = node.records.get(device)
-                if _nominated_for(plan.pod, record, node):
+                if _nominated_for(me, record, node):
                     # already claimed for this pod (or its workload), by an earlier attempt or another
                     # instance: that claim stands for ours, and is not ours to take back if a later write fails
                     continue
                 try:
-                    body = nominated_lease(record, node.name, device, who, uid, pod_priority(plan.pod), until,
-                                           workload_key(workload(plan.pod)))
+                    body = nominated_lease(record, node.name, device, who, me.uid, me.priority, until, me.holder)
                     written.append(cluster.create_record(body) if record is None else
                                    cluster.update_record(record.name, body))
                     continue
@@ -412,7 +416,7 @@ class DefaultPreemption(PostFilterPlugin):
                 except APIError as failure:
                     _release(written, cluster)
                     return api_failure(NAME, f"reading the record of GPU {device} on {node.name}", failure)
-                if _nominated_for(plan.pod, current, node):
+                if _nominated_for(me, current, node):
                     # Another instance preempting for this pod: it evicts (once), and relies on what this
                     # attempt wrote, which stays. Both writing devices in the entries' order, the first
                     # conflict stops one of them only.
@@ -431,7 +435,7 @@ class DefaultPreemption(PostFilterPlugin):
         evicted: list[str] = []
         unmarked: list[str] = []
         for plan in plans:
-            message = preempted_message(plan.pod, plan.node.name)
+            message = preempted_message(plan.inputs, plan.node.name)
             for victim in plan.chosen.victims:
                 if victim.info.name in evicted:
                     continue
@@ -465,12 +469,11 @@ def _nominated_already(plan: _Plan) -> bool:
     """Every device of the plan's pod is nominated for it, or for a pod of its workload (which
     shares its devices): an earlier attempt, instance or sibling evicted the victims."""
     devices = resolved(plan.state).placement.devices
-    return bool(devices) and all(_nominated_for(plan.pod, plan.node.records.get(d), plan.node) for d in devices)
+    return bool(devices) and all(_nominated_for(plan.inputs, plan.node.records.get(d), plan.node) for d in devices)
 
 
-def _nominated_for(pod: Mapping[str, Any], record: Record | None, node: NodeSnapshot) -> bool:
+def _nominated_for(me: PodInputs, record: Record | None, node: NodeSnapshot) -> bool:
     """`record` is nominated, while that lasts (by the node snapshot's clock and the pods it saw
-    gone), for `pod` or a pod of its workload."""
+    gone), for the pod or a pod of its workload."""
     nominee = nomination(record, node.now, node.gone)
-    return bool(nominee) and (nominee == str(metadata(pod).get("uid") or "")
-                              or record.nominee_holder == workload_key(workload(pod)))
+    return bool(nominee) and (nominee == me.uid or record.nominee_holder == me.holder)
