@@ -9,6 +9,7 @@ that failed for a transient reason (the API server down or not yet ready) is tri
 backoff alone."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from .framework.events import (  # noqa: F401 (bind's cache names the events it reports from here)
@@ -60,3 +61,17 @@ def jittered(seconds: float, fraction: float) -> float:
 def retried_on(plugin: str) -> list[str]:
     """What a pod refused by `plugin` waits for, in words (explain), besides a change of itself."""
     return sorted(DESCRIBED[event] for event in EVENTS_TO_REGISTER.get(plugin, frozenset()))
+
+
+# Pods that became active within one such window are taken in an order of the instance's own.
+ACTIVE_ORDER_WINDOW_SECONDS = 1.0
+
+
+def active_order(seed: bytes, uid: str, activated: float) -> tuple[int, bytes]:
+    """Where a pod stands in an instance's active queue: by the window it became active in (first
+    come, first tried, to within ACTIVE_ORDER_WINDOW_SECONDS), then in an order drawn from the
+    instance's own `seed` (at most 64 bytes). Why not first in, first out: every instance watches
+    every pod, so instances taking a backlog in one order all try the same pod at once, and all but
+    one lose the pod's records and its Binding to a conflict. Orders of their own part them until
+    the backlog's end; the records still decide any pod two instances meet on."""
+    return int(activated // ACTIVE_ORDER_WINDOW_SECONDS), hashlib.blake2b(uid.encode(), digest_size=8, key=seed).digest()

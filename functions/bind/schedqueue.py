@@ -8,22 +8,29 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import random
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any
 
-from gpu_scheduler.queueing import UNSCHEDULABLE_FLUSH_SECONDS, Refused, backoff_seconds, jittered, requeues
+from gpu_scheduler.queueing import (UNSCHEDULABLE_FLUSH_SECONDS, Refused, active_order, backoff_seconds, jittered,
+                                    requeues)
 from metrics import PENDING_PODS
 
 MAX_OUTCOMES = 4096  # the last outcome per pod, for callers waiting on an attempt
 
 
 class SchedulingQueue:
-    def __init__(self):
+    def __init__(self, seed: bytes | None = None):
+        """`seed`: what orders this queue's active pods (active_order); by default random, so no
+        two instances (nor two processes of one host name) share an order."""
         self._cond = threading.Condition()
-        self._active: deque[str] = deque()
+        self._seed = os.urandom(16) if seed is None else seed
+        # (window, this instance's order, sequence, uid): a heap; a pod taken out of the active
+        # set meanwhile is left in it, skipped when popped
+        self._active: list[tuple[int, bytes, int, str]] = []
         self._in_active: set[str] = set()
         self._backoff: list[tuple[float, int, str]] = []  # (ready at, sequence, uid)
         self._backoff_at: dict[str, float] = {}
@@ -59,7 +66,7 @@ class SchedulingQueue:
             self._again.discard(uid)
             self._attempts.pop(uid, None)
             if uid in self._in_active:
-                self._in_active.discard(uid)  # left in the deque, skipped when popped
+                self._in_active.discard(uid)  # left in the heap, skipped when popped
             self._gauges()
 
     def cluster_event(self, event: tuple[str, str], node: str) -> None:
@@ -102,7 +109,7 @@ class SchedulingQueue:
             self._record(uid, outcome)
             if uid not in self._attempts and uid not in self._in_active:
                 return
-            self._in_active.discard(uid)  # left in the deque, skipped when popped
+            self._in_active.discard(uid)  # left in the heap, skipped when popped
             self._backoff_at.pop(uid, None)
             self._unschedulable.pop(uid, None)
             if refused is not None and began < self._moves:  # an event came during the attempt
@@ -169,7 +176,7 @@ class SchedulingQueue:
                         self._activate(uid)
                 self._flush_unschedulable(now)
                 while self._active:
-                    uid = self._active.popleft()
+                    uid = heapq.heappop(self._active)[3]
                     if uid in self._in_active:
                         self._in_active.discard(uid)
                         self._in_flight.add(uid)
@@ -195,7 +202,7 @@ class SchedulingQueue:
     def _activate(self, uid: str) -> None:
         if uid not in self._in_active:
             self._in_active.add(uid)
-            self._active.append(uid)
+            heapq.heappush(self._active, (*active_order(self._seed, uid, time.monotonic()), next(self._seq), uid))
         self._gauges()
         self._cond.notify()
 
