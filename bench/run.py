@@ -24,6 +24,7 @@ from kubernetes import client, config
 from bench import decode, framework, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
+from localcp import images
 from localcp.cluster import GPUS_PER_NODE, REPO, ensure_built, free_port
 from localcp.cloudevents import Sender, cloudevent_headers
 from localcp.stack import LocalStack
@@ -727,6 +728,8 @@ def main() -> int:
         cold_kubeconfig = str(stack.bind_kubeconfig)
         print("bench: cold start", flush=True)
         results["cold_start_s"] = {t: cold_start(t, cold_kubeconfig, max(3, reps)) for t in ("mutate", "bind")}
+    print("bench: image sizes (Dockerfile.bind and Dockerfile.mutate, built on the local base)", flush=True)
+    results["image_mb"] = {t: images.function_image(t).sizes() for t in ("bind", "mutate")}
     print("bench: bind vs kube-scheduler, create to bound; StatefulSet end to end", flush=True)
     # the real JobSet controller (bench/workloads.py) and Kueue (bench/kueue.py)
     with LocalStack(workloads=("jobset", "kueue")) as stack:

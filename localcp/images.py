@@ -302,6 +302,23 @@ class Image:
     def layers(self) -> list[bytes]:
         return [self.blob(layer["digest"]) for layer in self.manifest()["layers"]]
 
+    def sizes(self) -> dict[str, float]:
+        """What a node stores and what it pulls, in MB: the layers as unpacked (the archive's are
+        uncompressed tars) and gzipped at level 6, as a registry would serve them. Layer by layer,
+        streamed: a layer is not held in memory whole."""
+        import zlib
+
+        uncompressed = compressed = 0
+        with tarfile.open(self.archive) as archive:
+            for layer in self.manifest()["layers"]:
+                member = archive.extractfile(f"blobs/sha256/{layer['digest'].split(':', 1)[1]}")
+                gzip = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: a gzip stream, as registries serve
+                for chunk in iter(lambda: member.read(1 << 20), b""):
+                    uncompressed += len(chunk)
+                    compressed += len(gzip.compress(chunk))
+                compressed += len(gzip.flush())
+        return {"uncompressed_mb": uncompressed / 1e6, "compressed_mb": compressed / 1e6}
+
 
 def _architecture() -> str:
     machine = platform.machine()
