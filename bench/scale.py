@@ -34,14 +34,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kubernetes import config
-from kubernetes.client import Configuration
-
 from bench.proc import peak_rss_mb
 from bench import gpus as gpus_bench, profile, run as bench_run  # modules, not names: bench.run imports this one
 from bench import figure_line
 from gpu_scheduler.fit import DEVICES_ANNOTATION
 from kubeapi.client import MERGE_PATCH, Kube
+from kubeapi.kubeconfig import from_kubeconfig
 from localcp.cluster import free_port
 from localcp.cloudevents import Sender, ping_headers
 from localcp.stack import BIND_ACCOUNT, LocalStack
@@ -61,9 +59,7 @@ SCALE_SIZES = {"smoke": (20, 400, 10, 1), "default": (100, 2000, 100, 2), "scale
 def admin_api(stack: LocalStack) -> Kube:
     """kubeapi's client as the stack's admin: kept-alive connections, little CPU per call here
     (its _call makes any request; the bench needs more than bind's handful of calls)."""
-    configuration = Configuration()
-    config.load_kube_config(config_file=str(stack.cp.kubeconfig), client_configuration=configuration)
-    api = Kube(configuration)
+    api = Kube(from_kubeconfig(str(stack.cp.kubeconfig)))
     # bind's timeouts are for failing fast; a bench on a loaded machine should wait instead
     api.transport.connect_timeout, api.transport.read_timeout = 30, 120
     return api

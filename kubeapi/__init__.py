@@ -1,3 +1,3 @@
 """The Kubernetes API reads and writes of gpu-scheduler's shells (bind, the kubectl plugin): one
-thin client over the kubernetes package's configuration, TLS and token handling. Not part of the
+thin client with its own configuration loader (kubeapi/kubeconfig.py) and transport. Not part of the
 pure core (gpu_scheduler/), which does no I/O."""

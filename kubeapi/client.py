@@ -1,9 +1,10 @@
-"""The Kubernetes API calls gpu-scheduler's shells make, and nothing else, over the kubernetes
-package's configuration (in-cluster or KUBECONFIG), TLS and token handling.
+"""The Kubernetes API calls gpu-scheduler's shells make, and nothing else, over the pod's
+ServiceAccount or a kubeconfig (kubeapi/kubeconfig.py) and urllib3 or kubeapi/transport.py.
 
-Why not the generated CoreV1Api: importing it takes 0.7 s (bind's cold start went from 0.4 s
-to 1.1 s), it validates every call's arguments with pydantic, and it cannot deserialize a
-Binding response anyway (kubernetes-client/python#825). A handful of REST calls are simpler by hand.
+Why not the kubernetes package: its generated CoreV1Api takes 0.7 s to import, validates every
+call's arguments with pydantic, and cannot deserialize a Binding response anyway
+(kubernetes-client/python#825); its configuration loader alone was 0.5 s of bind's start and,
+with its dependencies, more than half of bind's image. A handful of REST calls are simpler by hand.
 """
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import quote as _quote_with_slash, urlencode
 
 import urllib3
-from kubernetes import config
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.client.rest import should_bypass_proxies
 
 from kubeapi.errors import APIError
-from kubeapi.transport import Transport
+from kubeapi.kubeconfig import ClusterConfig, KubeconfigError, from_kubeconfig, in_cluster
+from kubeapi.transport import Transport, tls_context
 
 if TYPE_CHECKING:  # msgspec is bind's: mutate and the kubectl plugin decode in full
     from kubeapi.projection import Decoder
@@ -105,61 +104,52 @@ ALSO_NEEDS = {
 }
 
 
-def load_configuration() -> Configuration:
-    """In a cluster, the pod's ServiceAccount; elsewhere KUBECONFIG (or ~/.kube/config)."""
-    configuration = Configuration()
+def load_configuration() -> ClusterConfig:
+    """In a cluster, the pod's ServiceAccount; elsewhere KUBECONFIG (or ~/.kube/config) and its
+    current context. Raises KubeconfigError naming what to fix."""
     try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        # KUBECONFIG as it is now (the package reads it once, when first imported).
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    return configuration
+        return in_cluster()
+    except KubeconfigError:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+            raise  # in a pod, its ServiceAccount was meant: say why it cannot be used
+        return from_kubeconfig()
 
 
-IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def load_kubectl_configuration(kubeconfig: str | None = None, context: str | None = None) -> tuple[Configuration, str]:
-    """The configuration and default namespace kubectl would use: `--kubeconfig`, else KUBECONFIG
-    (a list of paths, merged), else ~/.kube/config; `--context`, else the current context, whose
-    namespace is the default ("default" when it names none). In a pod with no kubeconfig at all,
-    the pod's ServiceAccount and namespace. Raises config.ConfigException with kubectl's meaning."""
-    configuration = Configuration()
+def load_kubectl_configuration(kubeconfig: str | None = None, context: str | None = None) -> ClusterConfig:
+    """The configuration kubectl would use, its `namespace` the default: `--kubeconfig`, else
+    KUBECONFIG (a list of paths, merged), else ~/.kube/config; `--context`, else the current
+    context, whose namespace is the default ("default" when it names none). In a pod with no
+    kubeconfig at all, the pod's ServiceAccount and namespace. Raises KubeconfigError."""
     files = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if not kubeconfig and not any(os.path.exists(f) for f in files.split(os.pathsep) if f):
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not context:
-            config.load_incluster_config(client_configuration=configuration)
-            with open(IN_CLUSTER_NAMESPACE) as f:
-                return configuration, f.read().strip() or "default"
-        raise config.ConfigException(f"no kubeconfig found at {files} (set --kubeconfig or KUBECONFIG)")
-    if kubeconfig and not os.path.exists(kubeconfig):
-        raise config.ConfigException(f"kubeconfig {kubeconfig} does not exist")
-    contexts, current = config.list_kube_config_contexts(config_file=files)
-    chosen = context or (current or {}).get("name")
-    named = {c.get("name"): c for c in contexts or []}
-    if chosen not in named:
-        raise config.ConfigException(f"context {chosen!r} does not exist in {files}" if chosen
-                                     else f"{files} sets no current-context (use --context)")
-    config.load_kube_config(config_file=files, context=chosen, client_configuration=configuration,
-                            persist_config=False)
-    return configuration, (named[chosen].get("context") or {}).get("namespace") or "default"
+    if (not kubeconfig and not context and os.environ.get("KUBERNETES_SERVICE_HOST")
+            and not any(os.path.exists(f) for f in files.split(os.pathsep) if f)):
+        return in_cluster()
+    return from_kubeconfig(kubeconfig, context)
 
 
 class Kube:
-    def __init__(self, configuration: Configuration, timeout: urllib3.Timeout = TIMEOUT):
+    def __init__(self, configuration: ClusterConfig, timeout: urllib3.Timeout = TIMEOUT):
         """`timeout`: of each call (not of watches); mutate's are shorter than bind's, inside the
         API server's wait for its answer."""
         self.configuration = configuration
         self.timeout = timeout
         self.host = configuration.host.rstrip("/")
-        # The kubernetes package's pool: its TLS settings (CA, client certificates) come with it.
-        # Room for bind's watches (a connection each, held for minutes) beside its calls.
-        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, WATCH_CONNECTIONS)
-        self.http = ApiClient(configuration).rest_client.pool_manager
+        self.credentials = configuration.credentials
+        context, server_name = tls_context(configuration)
+        tls: dict[str, Any] = {}
+        if urllib3.util.parse_url(self.host).scheme == "https":
+            tls = {"ssl_context": context, "cert_reqs": "CERT_REQUIRED" if configuration.verify else "CERT_NONE"}
+            if not configuration.verify:
+                tls["assert_hostname"] = False
+            elif configuration.tls_server_name:
+                tls["server_hostname"] = server_name
+        # Watches (a connection each, held for minutes) and, through a proxy, every call.
+        proxy = configuration.proxy_for_host()
+        self.http = (urllib3.ProxyManager(proxy, maxsize=WATCH_CONNECTIONS, **tls) if proxy
+                     else urllib3.PoolManager(num_pools=2, maxsize=WATCH_CONNECTIONS, **tls))
         # Without a proxy, calls go over kubeapi/transport.py: a third of urllib3's CPU per call.
-        proxied = configuration.proxy and not should_bypass_proxies(configuration.host, configuration.no_proxy or "")
-        self.transport = None if proxied else Transport(configuration, timeout.connect_timeout, timeout.read_timeout,
-                                                         keep=KEPT_CONNECTIONS)
+        self.transport = None if proxy else Transport(configuration, timeout.connect_timeout, timeout.read_timeout,
+                                                      keep=KEPT_CONNECTIONS, tls=(context, server_name))
         self._auth: tuple[float, dict[str, str]] = (float("-inf"), {})
         self._auth_lock = threading.Lock()
 
@@ -167,10 +157,15 @@ class Kube:
         with self._auth_lock:
             fetched, headers = self._auth
             if time.monotonic() - fetched > AUTH_REFRESH_SECONDS:
-                bearer = self.configuration.auth_settings().get("BearerToken")  # refreshes tokens
-                headers = {bearer["key"]: bearer["value"]} if bearer and bearer["value"] else {}
+                headers = self.credentials.headers()  # a token file read again, an exec plugin run when expired
                 self._auth = (time.monotonic(), headers)
             return headers
+
+    def _refused_credentials(self) -> None:
+        """A 401: the token may have rotated or expired since it was cached; ask again next call."""
+        with self._auth_lock:
+            self.credentials.invalidate()
+            self._auth = (float("-inf"), {})
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = JSON,
               query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = json.loads,
@@ -191,6 +186,8 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise APIError.unreachable(error, self.host) from error
         if not 200 <= status <= 299:
+            if status == 401:
+                self._refused_credentials()
             raise APIError.of_response(status, reason, raw)
         return decode(raw) if raw else {}
 
@@ -219,7 +216,7 @@ class Kube:
         """The changes to the objects at `path` after `resource_version`, as (type, object, its
         size in bytes), for about `seconds` (the API server then ends the watch; a watch from the
         watch cache). Bookmarks included. An answer other than 200 raises APIError; an ERROR
-        event (410 Gone: the version is too old) is yielded. Over the kubernetes package's pool:
+        event (410 Gone: the version is too old) is yielded. Over urllib3's pool:
         the stream holds its connection for minutes, which the kept-alive transport keeps for
         short calls. `projection`: decode only the fields it declares (kubeapi/projection.py)."""
         decode = projection.event if projection else json.loads
@@ -234,6 +231,8 @@ class Kube:
             raise APIError.unreachable(error, self.host) from error
         try:
             if not 200 <= response.status <= 299:
+                if response.status == 401:
+                    self._refused_credentials()
                 raise APIError.of_response(response.status, response.reason, response.read(64 * 1024))
             pending = bytearray()
             for chunk in response.stream(256 * 1024):

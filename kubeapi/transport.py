@@ -4,7 +4,7 @@ Why not urllib3: bind makes two small calls per pod (the binding and its Event),
 load the urllib3 pool and http.client's response parsing (the `email` package) were half of
 bind's own CPU per call (bench/profiles/bind-c1-before.txt: Kube._call 50 %). The API server
 needs none of it: one host, JSON in and out, Content-Length or chunked bodies, no redirects, no
-proxies (a configuration with a proxy keeps the urllib3 pool: kubeapi/client.py).
+proxies (a configuration with a proxy goes through urllib3's ProxyManager: kubeapi/client.py).
 
 Failures are urllib3.exceptions.HTTPError, as before, so callers' outage handling (503, retry)
 is unchanged. A request is sent again once, on a new connection, only when a kept-alive connection
@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 
 import urllib3
 
-try:  # what the kubernetes package's pool uses when no CA is configured
+from kubeapi.kubeconfig import ClusterConfig, KubeconfigError
+
+try:  # the CAs a cluster without its own is checked against, as the kubernetes package did
     import certifi
-except ImportError:  # pragma: no cover
+except ImportError:  # the system's store (the images carry no certifi)
     certifi = None
 
 
@@ -33,24 +35,28 @@ class TransportError(urllib3.exceptions.ProtocolError):
     """The API server could not be reached, or broke the exchange off."""
 
 
-def tls_context(configuration) -> tuple[ssl.SSLContext, str | None]:
-    """The TLS settings of the kubernetes package's pool (kubernetes/client/rest.py), as an
-    SSLContext, and the name to verify (None: none)."""
-    cafile = configuration.ssl_ca_cert
-    cadata = getattr(configuration, "ca_cert_data", None)
+def tls_context(configuration: ClusterConfig) -> tuple[ssl.SSLContext, str | None]:
+    """The TLS settings of a configuration, as an SSLContext, and the name the server's certificate
+    is checked against and sent (SNI)."""
+    cafile, cadata = configuration.ca_file, configuration.ca_data
     if not cafile and not cadata and certifi is not None:
         cafile = certifi.where()
-    context = ssl.create_default_context(cafile=cafile, cadata=cadata)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    try:
+        context = ssl.create_default_context(cafile=cafile, cadata=cadata)
+    except (OSError, ssl.SSLError) as error:
+        raise KubeconfigError(f"the cluster's certificate authority ({cafile or 'certificate-authority-data'})"
+                              f" cannot be read as PEM: {error}") from None
+    certificate = configuration.client_certificate()
+    if certificate:
+        try:
+            context.load_cert_chain(*certificate)
+        except (OSError, ssl.SSLError) as error:
+            raise KubeconfigError(f"the client certificate {certificate[0]} and key {certificate[1]} cannot be"
+                                  f" used: {error}") from None
     name = configuration.tls_server_name or urlsplit(configuration.host).hostname
-    if not configuration.verify_ssl:
+    if not configuration.verify:
         context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    elif configuration.assert_hostname is False:
-        context.check_hostname = False
-    elif isinstance(configuration.assert_hostname, str):
-        name = configuration.assert_hostname
+        context.verify_mode = ssl.CERT_NONE  # the name is still sent (SNI), not checked
     return context, name
 
 
@@ -70,12 +76,14 @@ class _Connection:
 
 
 class Transport:
-    def __init__(self, configuration, connect_timeout: float, read_timeout: float, keep: int = 16):
+    def __init__(self, configuration: ClusterConfig, connect_timeout: float, read_timeout: float, keep: int = 16,
+                 tls: tuple[ssl.SSLContext, str | None] | None = None):
+        """`tls`: the context and server name, when the caller has them already (tls_context)."""
         url = urlsplit(configuration.host)
         self.tls = url.scheme == "https"
         self.address = (url.hostname, url.port or (443 if self.tls else 80))
         self.host_header = url.netloc.encode("idna")
-        self.context, self.server_name = tls_context(configuration) if self.tls else (None, None)
+        self.context, self.server_name = (tls or tls_context(configuration)) if self.tls else (None, None)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self._idle: list[_Connection] = []
         self._keep = keep

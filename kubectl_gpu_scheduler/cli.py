@@ -246,16 +246,17 @@ def pod_named(words: Sequence[str]) -> str:
 def connect(args):
     """bind's client, configured as kubectl would be; and the namespace to use."""
     from kubeapi.client import Kube, load_kubectl_configuration
-    from kubernetes.config import ConfigException
+    from kubeapi.kubeconfig import KubeconfigError
 
     from .cluster import Cluster
 
     try:
-        configuration, namespace = load_kubectl_configuration(args.kubeconfig, args.context)
-    except (ConfigException, OSError, ValueError, TypeError) as error:
+        configuration = load_kubectl_configuration(args.kubeconfig, args.context)
+        client = Kube(configuration)
+    except KubeconfigError as error:
         raise UsageError(f"kubeconfig: {error}") from None
     args.server = configuration.host  # for a message when it cannot be reached
-    return Cluster(Kube(configuration)), args.namespace or namespace
+    return Cluster(client), args.namespace or configuration.namespace
 
 
 # -- plan ---------------------------------------------------------------------------------------

@@ -5,12 +5,11 @@ claim named. The API server validates every body bind writes (resource.k8s.io/v1
 from __future__ import annotations
 
 import pytest
-from kubernetes import config
-from kubernetes.client import Configuration
 from kubeapi.errors import APIError
 
 from gpu_scheduler.plugins.dynamicresources.allocator import FINALIZER
 from kubeapi.client import Kube
+from kubeapi.kubeconfig import from_kubeconfig
 from test_end_to_end import pod_manifest
 
 NVIDIA = "gpu.nvidia.com"
@@ -19,9 +18,7 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 
 @pytest.fixture
 def admin(stack) -> Kube:
-    configuration = Configuration()
-    config.load_kube_config(config_file=str(stack.cp.kubeconfig), client_configuration=configuration)
-    return Kube(configuration)
+    return Kube(from_kubeconfig(str(stack.cp.kubeconfig)))
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from urllib.parse import unquote
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubernetes.client import Configuration
 from urllib3.util import parse_url
 
 from kubeapi.client import CALLS, Kube
+from kubeapi.kubeconfig import ClusterConfig
 
 HOSTILE = ["../x", "..", ".", "../../nodes/node1", "a/b", "x?y=1", "x#y", "%2e%2e", "%2F", "a b", "x\u0000",
            "\u00e9", "/", "//", "?", "#", "%", "ns/../kube-system", "a;b", "a\\b", "~1"]
@@ -87,9 +87,7 @@ class RecordingPool:
 
 
 def kube() -> tuple[Kube, RecordingPool]:
-    configuration = Configuration()
-    configuration.host = "https://api.example:6443"
-    client = Kube(configuration)
+    client = Kube(ClusterConfig(host="https://api.example:6443"))
     # Through urllib3, which resolves dot segments: the stricter of bind's two paths (its own
     # transport, kubeapi/transport.py, writes the path as given).
     client.transport = None

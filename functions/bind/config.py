@@ -13,7 +13,7 @@ from gpu_scheduler.devices import CUDA, MODES
 from gpu_scheduler.plugins.dynamicresources import allocator as dra
 from gpu_scheduler.plugins.config import DEFAULT_NAMESPACE, SchedulerConfig
 from gpu_scheduler.schedmap import shown
-from kubeapi.client import IN_CLUSTER_NAMESPACE
+from kubeapi.kubeconfig import IN_CLUSTER_NAMESPACE
 
 
 class ConfigError(ValueError):

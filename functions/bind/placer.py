@@ -36,6 +36,7 @@ from gpu_scheduler.queueing import Refused
 from gpu_scheduler.records import GRACE_SECONDS, LEASE_API, entry_is_free, is_free, lease_for
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
+from kubeapi.kubeconfig import KubeconfigError
 from kubeapi.projection import PODS
 from advertiser import NodeAdvertiser
 from config import BindConfig, ConfigError, dra_mode_unserved
@@ -125,13 +126,13 @@ class Placer:
         except ConfigError as error:
             raise SystemExit(f"bind: {error}") from None
         try:
-            configuration = load_configuration()
-        except Exception as error:  # any unusable configuration: stay up, report not ready
+            api = Kube(load_configuration())
+        except KubeconfigError as error:  # an unusable configuration: stay up, report not ready
             problem = (f"{error} (in a cluster: bind's ServiceAccount; elsewhere KUBECONFIG or ~/.kube/config,"
                        " and its current-context)")
             log.error("no Kubernetes API configuration", extra={"detail": problem})
             return cls(None, config, problem)
-        return cls(Kube(configuration), config, handle_type=testhooks.handle_type(config))
+        return cls(api, config, handle_type=testhooks.handle_type(config))
 
     def start(self) -> None:
         """The watches, the workers and the record sweeper. On the first request of any kind (the

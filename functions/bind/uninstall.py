@@ -33,6 +33,7 @@ from gpu_scheduler.quota import is_quota_resource
 from gpu_scheduler.records import RECORD_SELECTOR
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
+from kubeapi.kubeconfig import KubeconfigError
 
 SETTLE_SECONDS = 2.0
 MAX_PASSES = 10
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         api = Kube(load_configuration())
         return 0 if clean(api, args.namespace, args.cluster_role_binding, args.role_binding) else 1
+    except KubeconfigError as error:
+        say("no usable API configuration", error=str(error))
+        return 1
     except APIError as error:
         say("the API refused or did not answer", status=error.status, error=error.message)
         return 1

@@ -14,9 +14,9 @@ from collections import OrderedDict
 from typing import Any, Mapping
 
 import urllib3
-from kubernetes import config
 
 from gpu_scheduler.workloads import WorkloadUnreadable
+from kubeapi.kubeconfig import KubeconfigError
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 
@@ -36,11 +36,11 @@ class JobSets:
     @classmethod
     def from_environment(cls) -> "JobSets | None":
         try:
-            configuration = load_configuration()
-        except config.ConfigException as error:
+            api = Kube(load_configuration(), urllib3.Timeout(connect=1, read=READ_SECONDS))
+        except KubeconfigError as error:
             log.warning("no API server configured (%s): a JobSet's pods get no completions or gang size", error)
             return None
-        return cls(Kube(configuration, urllib3.Timeout(connect=1, read=READ_SECONDS)))
+        return cls(api)
 
     def __call__(self, namespace: str, name: str, uid: str = "") -> Mapping[str, Any]:
         if uid:

@@ -15,9 +15,9 @@ import threading
 import time
 
 import urllib3
-from kubernetes import config
 
 from gpu_scheduler.quota import PRODUCT_LABEL
+from kubeapi.kubeconfig import KubeconfigError
 from kubeapi.client import Kube, load_configuration
 from kubeapi.errors import APIError
 
@@ -40,12 +40,12 @@ class NodeProducts:
     def from_environment(cls) -> "NodeProducts":
         """Over mutate's ServiceAccount (or KUBECONFIG); without either, no GPU types (logged once)."""
         try:
-            configuration = load_configuration()
-        except config.ConfigException as error:
+            api = Kube(load_configuration(), urllib3.Timeout(connect=1, read=READ_SECONDS))
+        except KubeconfigError as error:
             log.warning("no API server configured (%s): pods are counted for quotas in total only,"
                         " not per GPU type", error)
             return cls(None)
-        return cls(Kube(configuration, urllib3.Timeout(connect=1, read=READ_SECONDS)))
+        return cls(api)
 
     def __call__(self, node: str) -> str | None:
         if self.kube is None:
