@@ -203,10 +203,16 @@ def test_the_wheel_installed_into_a_fresh_virtualenv_runs_the_plugin(released, t
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import kubectl_gpu_scheduler, yaml, kubernetes;"
-                            " print(kubectl_gpu_scheduler.__file__)"], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=60)
-    assert where.stdout.startswith(str(venv / "lib")), where.stderr  # the wheel's copy, not the checkout's
+    # The wheel's dependencies are PyYAML and urllib3 (kubeapi/ loads kubeconfigs itself): the kubernetes
+    # package, 30 MB and 0.7 s of imports, must not come with it.
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util, kubectl_gpu_scheduler, yaml,"
+                            " urllib3; print(kubectl_gpu_scheduler.__file__);"
+                            " print(importlib.util.find_spec('kubernetes') is None)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert where.returncode == 0, where.stderr
+    installed_from, kubernetes_absent = where.stdout.splitlines()
+    assert installed_from.startswith(str(venv / "lib"))  # the wheel's copy, not the checkout's
+    assert kubernetes_absent == "True"
 
     command = str(venv / "bin" / "kubectl-gpu_scheduler")
     done = subprocess.run([command, "--version"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
