@@ -155,11 +155,16 @@ BOUND_ELSEWHERE = "BoundElsewhere"
 API_ERROR = "APIError"
 RETRY = "Retry"
 
-def placement_inputs(pod: Mapping[str, Any]) -> str:
+def placement_input_parts(pod: Mapping[str, Any]) -> list:
     """What can change a pending pod's placement: its spec, labels and annotations (not its status,
-    which bind writes itself, nor its version), as one string to compare."""
+    which bind writes itself, nor its version)."""
     meta = metadata(pod)
-    return json.dumps([pod.get("spec"), meta.get("labels"), meta.get("annotations")], sort_keys=True, default=str)
+    return [pod.get("spec"), meta.get("labels"), meta.get("annotations")]
+
+
+def placement_inputs(pod: Mapping[str, Any]) -> str:
+    """placement_input_parts as one string to compare."""
+    return json.dumps(placement_input_parts(pod), sort_keys=True, default=str)
 
 
 def conflict_outcome(bind: Bind, current: Mapping[str, Any] | None) -> str:

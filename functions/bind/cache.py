@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 import msgspec
 
 from gpu_scheduler import SCHEDULER_NAME
-from gpu_scheduler.binding import placement_inputs
+from gpu_scheduler.binding import placement_input_parts
 from gpu_scheduler.fit import NodeInfo, PodInfo, gang_key, is_terminal
 from gpu_scheduler.framework.events import QUOTA_ADD, QUOTA_DELETE, QUOTA_UPDATE, ClusterEvent
 from gpu_scheduler.plugins.dynamicresources.allocator import Device, allocated, drivers_on, node_devices
@@ -58,10 +58,14 @@ def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
             "status": {**kept_status, "conditions": conditions}}
 
 
-def _placement_fingerprint(pod: Mapping[str, Any]) -> str:
-    """What can change a pending pod's placement: its spec, labels and annotations (not its status,
-    which bind writes itself)."""
-    return hashlib.sha256(placement_inputs(pod).encode()).hexdigest()
+# Keys sorted, as json.dumps(sort_keys=True) sorts them, at a third of its cost: a listing
+# fingerprints every pending pod (2,500 with 500-entry maps: 0.13 s of a cold start, issue 53).
+_FINGERPRINT_ENCODER = msgspec.json.Encoder(order="sorted", enc_hook=str)
+
+
+def _placement_fingerprint(pod: Mapping[str, Any]) -> bytes:
+    """What can change a pending pod's placement (placement_input_parts), as a digest to compare."""
+    return hashlib.sha256(_FINGERPRINT_ENCODER.encode(placement_input_parts(pod))).digest()
 
 
 def _is_pending_ours(pod: Mapping[str, Any]) -> bool:
@@ -78,7 +82,7 @@ class PendingPod:
     namespace: str
     name: str
     pod: Mapping[str, Any] | None = None
-    fingerprint: str = ""  # what can change its placement (_placement_fingerprint): a new one queues it
+    fingerprint: bytes = b""  # what can change its placement (_placement_fingerprint): a new one queues it
     size: int = 0  # its JSON's bytes, counted against MAX_PENDING_BYTES while kept
 
 
@@ -418,7 +422,7 @@ class Cache:
         while len(self.gone) > MAX_GONE:
             self.gone.popitem(last=False)
 
-    def _put_pending(self, uid: str, pod: Mapping[str, Any], size: int = 0, fingerprint: str = "") -> None:
+    def _put_pending(self, uid: str, pod: Mapping[str, Any], size: int = 0, fingerprint: bytes = b"") -> None:
         size = size or _size(pod)
         self._drop_pending(uid)
         kept = _trim(pod) if self._pending_bytes + size <= MAX_PENDING_BYTES else None
