@@ -162,11 +162,13 @@ class LocalStack:
         self.mutate_process = self._spawn_mutate()
 
     @staticmethod
-    def mutate_command(binds: list[str], cert: tuple[Path, Path]) -> list[str]:
+    def mutate_command(binds: list[str], cert: tuple[Path, Path],
+                       app: str = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
+                       ) -> list[str]:
         """mutate as this stack serves it: functions-framework has no TLS option, so gunicorn
-        serves its app over TLS, with localcp/mutate_gunicorn.py (the images' settings)."""
+        serves its app over TLS, with localcp/mutate_gunicorn.py (the images' settings). `app`:
+        another app served the same way (the bench's null webhook)."""
         key, crt = cert
-        app = 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
         return [PYTHON, "-m", "gunicorn", "--config", "python:localcp.mutate_gunicorn",
                 *(f"--bind={address}" for address in binds), "--certfile", str(crt), "--keyfile", str(key),
                 "--chdir", str(REPO), app]
