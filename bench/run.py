@@ -522,7 +522,7 @@ def cold_start(target: str, kubeconfig: str, reps: int) -> list[float]:
     times = []
     for _ in range(reps):
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": kubeconfig, "LOG_LEVEL": "WARNING"}
+        env = LocalStack._function_env(KUBECONFIG=kubeconfig, LOG_LEVEL="WARNING")  # the stack's, bytecode kept
         started = time.perf_counter()
         process = subprocess.Popen([sys.executable, "-m", "functions_framework", "--target", target, "--source",
                                     str(REPO / "functions" / target / "main.py"), "--port", str(port)],

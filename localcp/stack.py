@@ -28,7 +28,7 @@ import yaml
 from kubernetes import client, config
 
 from . import images, incluster, knative, pki
-from .cluster import REPO, ControlPlane, ProcessFailed, free_port
+from .cluster import CACHE, REPO, ControlPlane, ProcessFailed, free_port
 from .adapter import EventTap, ReceiveAdapter
 from .cloudevents import Sender, ping_headers
 from .nodes import Nodes, node_addresses
@@ -41,6 +41,7 @@ RELEASE = "gpu-scheduler"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
 SOURCE_ACCOUNT = ("gpu-scheduler", "pod-events")  # the ApiServerSource's (knative/sources.yaml)
 MUTATE_ACCOUNT = ("gpu-scheduler", "mutate")
+FUNCTION_BYTECODE = CACHE / "bytecode"  # _function_env
 
 
 class LocalStack:
@@ -210,7 +211,12 @@ class LocalStack:
 
     @staticmethod
     def _function_env(**extra: str) -> dict[str, str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
+        """The functions' environment here. Their bytecode is kept as their images keep theirs,
+        in a tree of its own (here under the cache, written by the first start): with a machine's
+        PYTHONDONTWRITEBYTECODE every start compiled bind's modules (0.2 s of its cold start)."""
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+               "PYTHONPYCACHEPREFIX": str(FUNCTION_BYTECODE), **extra}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.setdefault("LOG_LEVEL", "INFO")
         env.setdefault("DRAIN_SECONDS", "0")  # see __init__'s mutate_drain_seconds
         return env
