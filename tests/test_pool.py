@@ -286,3 +286,26 @@ def test_a_pool_pod_another_instance_bound_to_another_entry_of_the_node_is_bound
                               "spec": {"nodeName": "node1"}}
     assert conflict_outcome(mine, bound_to(0)) == ALREADY_BOUND
     assert conflict_outcome(mine, bound_to(2)) == BOUND_ELSEWHERE  # its records go: the entry is free at once
+
+
+# -- what a pool's cycle builds once per map (issue 53) ---------------------------------------------
+def test_a_pools_candidates_are_built_once_per_map_and_its_prefilter_result_with_them():
+    from gpu_scheduler.placement import pool_of
+    from gpu_scheduler.plugins.mapentry import _pool_result
+    first, second = pool_of(rs_pod()).candidates(), pool_of(rs_pod(name="web-7d9f8-67890")).candidates()
+    assert first is second and [c.index for c in first] == [0, 1, 2, 3]
+    assert _pool_result(first) is _pool_result(second)
+    other = pool_of(rs_pod(annotations={"gpu-scheduling-map": MAP + "4=node1:2\n"})).candidates()
+    assert other is not first and len(other) == 5
+    assert _pool_result(other).candidates.options[4].label == "entry 4 (node1:2)"
+
+
+def test_what_is_kept_per_map_is_bounded_by_entries_oldest_first():
+    from gpu_scheduler.placement import Bounded
+    kept = Bounded(limit=10)
+    kept.put("a", ("a",) * 4, 4)
+    kept.put("b", ("b",) * 4, 4)
+    kept.put("c", ("c",) * 4, 4)  # 12 > 10: a goes
+    assert kept.get("a") is None and kept.get("b") and kept.get("c")
+    kept.put("huge", ("h",) * 11, 11)  # larger than the limit: never kept, nothing dropped for it
+    assert kept.get("huge") is None and kept.get("b") and kept.get("c")

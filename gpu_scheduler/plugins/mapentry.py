@@ -15,7 +15,7 @@ from ..framework.interface import (
     unresolvable,
 )
 from ..fit import DEVICES_ANNOTATION
-from ..placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, NotPlaceable, Resolved, map_text, resolve
+from ..placement import ENTRY_ANNOTATION, ORDINALS_ANNOTATION, Bounded, NotPlaceable, Resolved, map_text, resolve
 from ..podinputs import NO_ANNOTATION
 
 NAME = "MapEntry"
@@ -66,9 +66,23 @@ class MapEntry(PreFilterPlugin):
         if not found.options:
             return PreFilterResult(unresolvable(NAME, found.message, found.reason))
         if found.pool:
-            options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in found.options)
-            return PreFilterResult(node_names=frozenset(c.node for c in options),
-                                   candidates=Candidates(options, NO_FREE_ENTRY, POOL_FIX))
+            return _pool_result(found.options)
         for key, value in _writes(found.options[0]).items():
             state.write(key, value)
         return PreFilterResult(node_names=frozenset({found.options[0].placement.node}))
+
+
+# A pool's result from its entries (placement.Pool.candidates keeps one tuple per map): kept with
+# that tuple, the same for every pod of the pool (its writes are read, never changed).
+_pool_results = Bounded()
+
+
+def _pool_result(entries: tuple[Resolved, ...]) -> PreFilterResult:
+    kept = _pool_results.get(id(entries))
+    if kept is not None and kept[0] is entries:
+        return kept[1]
+    options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in entries)
+    result = PreFilterResult(node_names=frozenset(c.node for c in options),
+                             candidates=Candidates(options, NO_FREE_ENTRY, POOL_FIX))
+    _pool_results.put(id(entries), (entries, result), len(entries))
+    return result
