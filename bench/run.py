@@ -543,7 +543,6 @@ def cold_start(target: str, kubeconfig: str, reps: int) -> list[float]:
     return times
 
 
-
 # The function's start inside its image's root filesystem (chroot: the image's interpreter, its
 # environment, its bytecode), to the app made: with the image's bytecode (PYTHONPYCACHEPREFIX) and
 # without it (what the image compiled at every start before issue 53), alternately.
@@ -554,17 +553,13 @@ IMAGE_START = ("import os, functions_framework; os.chdir('/app');"
 def image_start(name: str, reps: int) -> dict:
     if os.geteuid() != 0:
         return {"skipped": "chroot into the image's root filesystem needs root"}
-    import io
     import shutil
-    import tarfile
     image = images.function_image(name)
-    env = {**dict(e.split("=", 1) for e in image.config()["config"]["Env"]), "LOG_LEVEL": "CRITICAL"}
+    env = {**image.environment(), "LOG_LEVEL": "CRITICAL"}
     without = {k: v for k, v in env.items() if k != "PYTHONPYCACHEPREFIX"}
     times: dict[str, list[float]] = {"bytecode": [], "none": []}
     with tempfile.TemporaryDirectory() as root:
-        for layer in image.layers():
-            with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
-                tar.extractall(root, filter="fully_trusted")
+        image.unpack_into(Path(root))
         command = [shutil.which("chroot") or "/usr/sbin/chroot", root, "/opt/venv/bin/python", "-c",
                    IMAGE_START.format(name=name)]
         for _ in range(reps):

@@ -1,6 +1,7 @@
 """Where a pod goes: its map entry, or the precise reason it has none."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
@@ -90,27 +91,27 @@ CANDIDATES_KEPT = 4096
 
 class Bounded:
     """Values kept by key, each with its size (in entries), at most `limit` in all, the oldest
-    dropped first; a value larger than the limit is not kept. Reads and writes are atomic under
-    the GIL, and two threads building the same key's value at once build equal ones."""
+    dropped first; a value larger than the limit is not kept. Shared by bind's placement threads:
+    one lock (two threads building the same key's value at once build equal ones)."""
 
     def __init__(self, limit: int = CANDIDATES_KEPT):
         self.limit, self._kept, self._size = limit, {}, 0
+        self._lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
-        kept = self._kept.get(key)
+        with self._lock:
+            kept = self._kept.get(key)
         return None if kept is None else kept[0]
 
     def put(self, key: Any, value: Any, size: int) -> None:
-        if size > self.limit or key in self._kept:
-            return
-        self._kept[key] = (value, size)
-        self._size += size
-        while self._size > self.limit:
-            oldest = next(iter(self._kept), None)
-            dropped = self._kept.pop(oldest, None) if oldest is not None else None
-            if dropped is None:
-                break
-            self._size -= dropped[1]
+        with self._lock:
+            if size > self.limit or key in self._kept:
+                return
+            self._kept[key] = (value, size)
+            self._size += size
+            while self._size > self.limit:  # never the one just kept: it alone is within the limit
+                _, dropped = self._kept.pop(next(iter(self._kept)))
+                self._size -= dropped
 
 
 _candidates = Bounded()

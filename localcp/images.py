@@ -302,6 +302,17 @@ class Image:
     def layers(self) -> list[bytes]:
         return [self.blob(layer["digest"]) for layer in self.manifest()["layers"]]
 
+    def environment(self) -> dict[str, str]:
+        """The image's ENV, as its container starts with it."""
+        return dict(e.split("=", 1) for e in self.config()["config"].get("Env", []))
+
+    def unpack_into(self, root: Path) -> Path:
+        """The image's root filesystem, its layers applied in order, at `root` (for a chroot)."""
+        for layer in self.layers():
+            with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+                tar.extractall(root, filter="fully_trusted")
+        return root
+
     def sizes(self) -> dict[str, float]:
         """What a node stores and what it pulls, in MB: the layers as unpacked (the archive's are
         uncompressed tars) and gzipped at level 6, as a registry would serve them. Layer by layer,

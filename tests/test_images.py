@@ -200,13 +200,10 @@ def test_what_the_function_imports_at_start_is_bytecode_in_its_image(name, tmp_p
     bytecode in the image is compiled at every start (0.6 s of bind's cold start, issue 53)."""
     if os.geteuid() != 0:
         pytest.skip("chroot into the image's root filesystem needs root")
-    root = tmp_path / "root"
-    for layer in images.function_image(name).layers():
-        with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
-            tar.extractall(root, filter="fully_trusted")
+    image = images.function_image(name)
+    root = image.unpack_into(tmp_path / "root")
     (root / "tmp" / "compiled_at_start.py").write_text(COMPILED_AT_START)
-    config = images.function_image(name).config()["config"]
-    env = {**dict(e.split("=", 1) for e in config["Env"]), "LOG_LEVEL": "CRITICAL"}
+    env = {**image.environment(), "LOG_LEVEL": "CRITICAL"}
     assert env["PYTHONPYCACHEPREFIX"] == "/opt/bytecode" and env["PYTHONDONTWRITEBYTECODE"] == "1"
     done = subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", str(root), "/opt/venv/bin/python",
                            "/tmp/compiled_at_start.py", name], env=env, capture_output=True, text=True, timeout=120)

@@ -72,17 +72,18 @@ class MapEntry(PreFilterPlugin):
         return PreFilterResult(node_names=frozenset({found.options[0].placement.node}))
 
 
-# A pool's result from its entries (placement.Pool.candidates keeps one tuple per map): kept with
-# that tuple, the same for every pod of the pool (its writes are read, never changed).
+# A pool's result from the entries offered (all of its map's, kept per map by
+# placement.Pool.candidates; one alone for plan's verdict on an entry), kept by map and entries:
+# the same for every pod of the pool (its writes are read, never changed).
 _pool_results = Bounded()
 
 
 def _pool_result(entries: tuple[Resolved, ...]) -> PreFilterResult:
-    kept = _pool_results.get(id(entries))
-    if kept is not None and kept[0] is entries:
-        return kept[1]
-    options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in entries)
-    result = PreFilterResult(node_names=frozenset(c.node for c in options),
-                             candidates=Candidates(options, NO_FREE_ENTRY, POOL_FIX))
-    _pool_results.put(id(entries), (entries, result), len(entries))
-    return result
+    key = (entries[0].map_text, tuple(c.index for c in entries))  # a pool offers one entry or more
+    kept = _pool_results.get(key)
+    if kept is None:
+        options = tuple(Candidate(c.placement.node, entry_label(c), _writes(c)) for c in entries)
+        kept = PreFilterResult(node_names=frozenset(c.node for c in options),
+                               candidates=Candidates(options, NO_FREE_ENTRY, POOL_FIX))
+        _pool_results.put(key, kept, len(entries))
+    return kept
