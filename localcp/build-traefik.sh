@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds Traefik Proxy, the local stack's Knative networking layer (its Knative provider turns
+# KIngress objects into routes: localcp/traefik.py), once, into a cache outside the repo keyed by
+# version; exits at once when it is there.
+#   - github.com/traefik/traefik/v3 at GPU_SCHEDULER_TRAEFIK (localcp/versions.env), cmd/traefik,
+#     from a small generated module that requires it, with upstream's go.sum.
+#   - Traefik's go.mod replaces three modules with forks of its own; a dependency's replaces are not
+#     honoured, so its replace lines are copied into the build module (read from its go.mod, not
+#     written here: a new version brings its own).
+#   - v3.7 does not build: its nested module github.com/traefik/traefik/dynamic/ext is not served.
+#   - Stamped as upstream's Makefile stamps it (pkg/version.Version), so `traefik version` tells.
+#   - Static (CGO_ENABLED=0), about 12-15 minutes on 2 cores, once. The module carries no built web
+#     UI: it runs without --api (localcp/traefik.py).
+#   bash localcp/build-traefik.sh          build (or find) it
+#   bash localcp/build-traefik.sh --path   print where it is (built or not)
+# Modules come through the machine's own Go proxy configuration, without its `direct` fallback: a
+# lookup the proxy refuses fails at once instead of trying the module's own download site.
+set -euo pipefail
+# shellcheck source=localcp/versions.sh
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+: "${GPU_SCHEDULER_TRAEFIK:?}"
+CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
+DIR="$CACHE/traefik-$GPU_SCHEDULER_TRAEFIK"
+BIN="$DIR/bin/traefik"
+MODULE=github.com/traefik/traefik/v3
+
+if [ "${1:-}" = --path ]; then echo "$BIN"; exit 0; fi
+log() { echo "traefik: $*"; }
+if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
+command -v go >/dev/null || { log "go is required"; exit 1; }
+
+start=$SECONDS
+rm -rf "$DIR/module"; mkdir -p "$DIR/module" "$DIR/bin"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+GOPROXY="$(go env GOPROXY)"; GOPROXY="${GOPROXY%,direct}"; GOPROXY="${GOPROXY%|direct}"
+export GOPROXY
+cd "$DIR/module"
+go mod init gpu-scheduler.local/traefik-build >/dev/null 2>&1
+go mod edit -require="$MODULE@$GPU_SCHEDULER_TRAEFIK"
+src=$(go mod download -json "$MODULE@$GPU_SCHEDULER_TRAEFIK" |
+  python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(d["Error"]) if d.get("Error") else print(d["Dir"])')
+cp "$src/go.sum" . && chmod u+w go.sum
+# Upstream's replace directives, each as `go mod edit` takes it.
+go mod edit -json "$src/go.mod" |
+  python3 -c 'import json,sys
+for r in json.load(sys.stdin).get("Replace") or []:
+    old, new = r["Old"], r["New"]
+    lhs = old["Path"] + ("@" + old["Version"] if old.get("Version") else "")
+    rhs = new["Path"] + ("@" + new["Version"] if new.get("Version") else "")
+    print(f"-replace={lhs}={rhs}")' | xargs -r go mod edit
+ldflags="-s -w -X $MODULE/pkg/version.Version=$GPU_SCHEDULER_TRAEFIK"
+ldflags+=" -X $MODULE/pkg/version.BuildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+log "$GPU_SCHEDULER_TRAEFIK: go build $MODULE/cmd/traefik (12-15 minutes on 2 cores, once)"
+go build -trimpath -ldflags "$ldflags" -o "$BIN.tmp" "$MODULE/cmd/traefik" 2>&1 | sed '/^go: downloading /d; s/^/  [go build] /'
+mv "$BIN.tmp" "$BIN"
+cd / && rm -rf "$DIR/module"
+log "$("$BIN" version | awk '/^Version:/ {print $2}') in $((SECONDS - start))s: $BIN"
