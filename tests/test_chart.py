@@ -112,6 +112,8 @@ def test_images_are_required(helm, given, missing):
     ("webhook.failurePolicy=Sometimes", "failurePolicy"),
     ("webhook.timeoutSeconds=31", "timeoutSeconds"),
     ("resync.schedule=every minute", "schedule"),
+    ("bind.scale.window=5", "window"),  # a duration: 6s to 1h
+    ("bind.scale.window=2h", "window"),
     ("logLevel=verbose", "logLevel"),
     ("bnd.threads=4", "bnd"),
     ("webhook.directService.targetPort=8112", "targetPort"),
@@ -139,6 +141,36 @@ def test_schema_refuses(helm, setting, why):
 def test_scale_bounds_in_order(helm):
     error = helm_error(helm, "-f", str(CI_VALUES["default"]), "--set", "bind.scale.min=4")
     assert "bind.scale: min 4 is above max 3" in error
+
+
+def test_bind_at_zero_needs_the_route_and_names_the_fix(helm):
+    """min-scale 0 with sink.path direct-service: at zero that Service has no endpoint, so every
+    event would be lost and nothing would wake bind. Refused, naming both settings and the fix."""
+    error = helm_error(helm, "-f", str(CI_VALUES["custom"]), "--set", "bind.scale.min=0")
+    assert "bind.scale.min 0 needs sink.path knative-route" in error and "sink.path=knative-route" in error, error
+
+
+def resync_schedule(docs: list[dict]) -> str:
+    return find(docs, "PingSource", "resync")["spec"]["schedule"]
+
+
+def test_the_resync_schedule_follows_bind_scale_unless_set(helm):
+    """Empty (the default): every minute while bind keeps a pod, every 5 minutes at min-scale 0 (a
+    ping a minute would keep bind awake for good); a schedule set is kept as set."""
+    default = CI_VALUES["default"]
+    assert resync_schedule(template(helm, "-f", str(default))) == "* * * * *"
+    assert resync_schedule(template(helm, "-f", str(default), "--set", "bind.scale.min=0")) == "*/5 * * * *"
+    assert resync_schedule(template(helm, "-f", str(default), "--set", "bind.scale.min=0",
+                                    "--set", "resync.schedule=*/2 * * * *")) == "*/2 * * * *"
+
+
+def test_bind_scale_window_reaches_the_revision_only_when_set(helm):
+    annotations = revision(template(helm, "-f", str(CI_VALUES["default"])), "bind")["metadata"]["annotations"]
+    assert "autoscaling.knative.dev/window" not in annotations  # Knative's own default (60s)
+    docs = template(helm, "-f", str(CI_VALUES["default"]), "--set", "bind.scale.min=0", "--set", "bind.scale.window=10s")
+    annotations = revision(docs, "bind")["metadata"]["annotations"]
+    assert annotations["autoscaling.knative.dev/min-scale"] == "0"
+    assert annotations["autoscaling.knative.dev/window"] == "10s"
 
 
 @pytest.mark.parametrize("runtime", ["knative", "deployments"])

@@ -109,6 +109,21 @@ securityContext:
 {{- end -}}
 autoscaling.knative.dev/min-scale: {{ $scale.min | quote }}
 autoscaling.knative.dev/max-scale: {{ $scale.max | quote }}
+{{- with $scale.window }}
+autoscaling.knative.dev/window: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The resync PingSource's schedule: resync.schedule, or when empty every minute while bind
+keeps a pod and every 5 minutes at bind.scale.min 0 (a ping a minute would keep bind awake). */}}
+{{- define "gpu-scheduler.resyncSchedule" -}}
+{{- if .Values.resync.schedule -}}
+{{- .Values.resync.schedule -}}
+{{- else if eq (int .Values.bind.scale.min) 0 -}}
+*/5 * * * *
+{{- else -}}
+* * * * *
+{{- end -}}
 {{- end -}}
 
 
