@@ -12,8 +12,9 @@ to the node, pod or Service ranges can leave the machine.
 - Each node (localcp/nodes.py) has its own network namespace, where its kubelet, containerd, DRA
   driver, kube-proxy and its pods' gateway (the host ends of the ptp veth pairs) live, as on a real
   node. attach() joins it to the fabric with a veth pair: eth0 in the node with the node's address,
-  the other end on br0; the node routes every other node's pod range via that node, and forwards.
-  It has no default route: a packet for anywhere else is unreachable there.
+  the other end on br0; the node routes every other node's pod range via that node, the Service
+  range to the fabric (for kube-proxy's DNAT of its own connections), and forwards. It has no
+  default route: a packet for anywhere else is unreachable there.
 - The control plane stays in the machine's namespace (the tests and kubectl reach it on loopback);
   localcp/podnet.py joins the two sides, the one process that holds sockets on both:
   - the API server's address on the node network: a listener on 10.240.0.1:<its port> in the
@@ -112,6 +113,12 @@ class Fabric:
         # /proc/sys/net is the opener's namespace's: this is the node's forwarding, not the machine's.
         subprocess.run(in_netns(node_netns, ["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]), check=True,
                        capture_output=True)
+        # The Service range toward the fabric, as a real node's default route takes it: a node's own
+        # process (a host-network pod, the stack's doors) then reaches a ClusterIP, kube-proxy's
+        # DNAT rewriting it after this route is chosen. Without one, connect() fails at once
+        # (Network is unreachable). An address no Service has goes on to the fabric, which routes
+        # it nowhere: nothing leaves the machine.
+        ip(node_netns, "route", "add", SERVICE_RANGE, "via", FABRIC_ADDRESS)
         for other_index, other_netns in self.nodes.values():
             ip(node_netns, "route", "add", pod_range(other_index), "via", node_address(other_index))
             ip(other_netns, "route", "add", pod_range(index), "via", node_address(index))

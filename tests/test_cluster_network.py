@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,19 @@ def test_coredns_runs_as_kubeadm_installs_it(real_stack):
     assert dns["spec"]["clusterIP"] == network.CLUSTER_DNS
     events = json.loads(real_stack.cp.get("/api/v1/events?fieldSelector=reason%3DMissingClusterDNS"))["items"]
     assert not events, [e["message"] for e in events]
+
+
+def test_a_nodes_own_process_reaches_a_clusterip(real_stack, net):
+    """A process in a node's own namespace (a host-network pod does the same, and so do the stack's
+    doors) reaches a ClusterIP through kube-proxy, as on any node: the namespace routes the Service
+    range toward the fabric and kube-proxy's DNAT rewrites it. Without that route, connect() fails
+    with "Network is unreachable" before kube-proxy sees the packet."""
+    kubelet = real_stack.cp.processes[real_stack.nodes["node2"].kubelet].pid
+    code = ("import socket; s = socket.create_connection(('%s', %d), timeout=5); print('connected'); s.close()"
+            % network.KUBERNETES_SERVICE)
+    done = subprocess.run(["nsenter", f"--net=/proc/{kubelet}/ns/net", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "connected", done.stderr
 
 
 # -- the guard -----------------------------------------------------------------------------------
