@@ -10,7 +10,8 @@
 #     dpkg -x through a private apt state: nothing is installed or configured system-wide.
 # Sibling scripts add the nodes' parts, the DRA test driver (same version; from 1.34, the first
 # that serves resource.k8s.io/v1), the cluster network's kube-proxy, nft and CoreDNS, helm, the
-# workload controllers (JobSet, LeaderWorkerSet, Kueue), Argo CD's CRDs and Knative.
+# workload controllers (JobSet, LeaderWorkerSet, Kueue), Argo CD's CRDs, Knative, Traefik (Knative's
+# networking layer here) and kn.
 #   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
 #   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
 #                                   nodes' parts, the DRA test driver, the cluster network and Knative
@@ -102,3 +103,8 @@ bash "$HERE/fetch-argocd-crds.sh"
 # Knative Serving too, which localcp/knative.py installs with Eventing for the tests that run the
 # project on real Knative (make demo KNATIVE=1 builds it alone).
 bash "$HERE/build-knative.sh" serving
+# Knative's networking layer (Traefik's Knative provider: localcp/traefik.py), which the Knative
+# stack installs with Knative so that Routes become Ready, and kn, Knative's CLI (make demo
+# KNATIVE=1 builds both alone).
+bash "$HERE/build-traefik.sh"
+bash "$HERE/build-kn.sh"

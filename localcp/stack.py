@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-from . import images, incluster, knative, pki
+from . import images, incluster, knative, pki, traefik
 from .cluster import CACHE, REPO, ControlPlane, ProcessFailed, free_port
 from .adapter import EventTap, ReceiveAdapter
 from .cloudevents import Sender, ping_headers
@@ -102,14 +102,16 @@ class LocalStack:
             if self.real_nodes:
                 functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
                 if self.knative:
-                    functions += tuple(knative.knative_images())
+                    functions += (*knative.knative_images(), traefik.image())
                 self.nodes = Nodes(self.cp, extra_images=functions).start(wait_dns=False)
             self.api = self._admin_api()
             if self.knative:
                 self.knative_seconds = knative.install(self.cp)
+                self.traefik_seconds = traefik.install(self.cp)  # Knative's networking layer
                 if self.functions:
                     self.install_release()
-                    self._open_doors("bind-events")
+                    if self.sink_service_exists():  # sink.path direct-service
+                        self._open_doors("bind-events")
             elif self.in_cluster:
                 if self.functions:
                     self._deploy_functions()
@@ -282,23 +284,40 @@ class LocalStack:
     def knative_resources(self, resource: str, namespace: str = incluster.NAMESPACE) -> list[dict]:
         return json.loads(self.cp.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"]
 
+    def sink_service_exists(self) -> bool:
+        """Whether the release has sink.path direct-service's Service (bind-events)."""
+        return self.cp.kubectl("get", "service", "bind-events", "-n", incluster.NAMESPACE,
+                               "--ignore-not-found", "-o", "name").stdout.strip() != ""
+
     def knative_not_ready(self) -> list[str]:
-        """What of the release is not ready: every Configuration, latest Revision, PodAutoscaler,
-        ServerlessService and source Ready, and the webhook's and sink's Services with ready
-        endpoints. A Route is left out: with no networking layer it stays IngressNotConfigured."""
+        """What of the release is not ready: every Configuration, its latest Revision and that
+        revision's PodAutoscaler and ServerlessService, Route, KIngress (Traefik's) and source Ready, the webhook's Service
+        with a ready endpoint, and sink.path direct-service's Service too where the release has it
+        (through the Route, bind may be at zero: its Route is what must be ready, and its
+        PodAutoscaler says NoTraffic)."""
         missing = []
-        for resource in ("configurations.serving.knative.dev", "revisions.serving.knative.dev",
-                         "podautoscalers.autoscaling.internal.knative.dev",
-                         "serverlessservices.networking.internal.knative.dev",
+        per_revision = ("revisions.serving.knative.dev", "podautoscalers.autoscaling.internal.knative.dev",
+                        "serverlessservices.networking.internal.knative.dev")
+        # Each Configuration's latest revision: an older one no Route sends to any more scales to
+        # zero and says so (NoTraffic); what must be ready is what serves.
+        latest = {c.get("status", {}).get("latestCreatedRevisionName")
+                  for c in self.knative_resources("configurations.serving.knative.dev")}
+        for resource in ("configurations.serving.knative.dev", *per_revision,
+                         "routes.serving.knative.dev", "ingresses.networking.internal.knative.dev",
                          "apiserversources.sources.knative.dev", "pingsources.sources.knative.dev"):
             items = self.knative_resources(resource)
+            if resource in per_revision:
+                items = [item for item in items if item["metadata"]["name"] in latest]
             if not items:
                 missing.append(f"no {resource}")
             for item in items:
-                conditions = {c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])}
-                if conditions.get("Ready") != "True":
+                ready = {c["type"]: c for c in item.get("status", {}).get("conditions", [])}.get("Ready", {})
+                # A PodAutoscaler at zero (bind.scale.min 0, idle) is Ready False for NoTraffic:
+                # Knative's way of saying so; its Route still reaches it through the activator.
+                at_zero = item["kind"] == "PodAutoscaler" and ready.get("reason") == "NoTraffic"
+                if ready.get("status") != "True" and not at_zero:
                     missing.append(f"{item['kind']} {item['metadata']['name']}")
-        for service in ("mutate-webhook", "bind-events"):
+        for service in ("mutate-webhook", *(("bind-events",) if self.sink_service_exists() else ())):
             if not self.ready_endpoints(service):
                 missing.append(f"Service {service} without a ready endpoint")
         return missing

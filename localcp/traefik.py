@@ -1,0 +1,112 @@
+"""Traefik Proxy, the local stack's Knative networking layer: installed whenever Knative is.
+
+localcp/build-traefik.sh builds github.com/traefik/traefik/v3 (its Knative provider) at the version
+of localcp/versions.env into the cache. Here:
+- image(): the static binary as an image (/ko-app/traefik, nonroot 65532, like Knative's own:
+  localcp/knative.py), imported on every node;
+- manifests(): localcp/traefik.yaml (namespace, account, the provider's exact RBAC, the Deployment,
+  the public and private Services) with the image named;
+- install(): those applied, Traefik ready, then Knative's config-network told to give KIngresses
+  to Traefik's class: the one change made to Knative's own configuration. Ready means every
+  KIngress gets reconciled from then on; a Route is Ready once Traefik has marked its KIngress.
+
+Any KIngress implementation would serve the chart's sink.path knative-route; Traefik is the one
+that builds here (Kourier, Istio, Contour and net-gateway-api need Envoy or modules not served).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from . import images
+from .cluster import REPO, ControlPlane, ProcessFailed
+
+BUILD_SCRIPT = REPO / "localcp" / "build-traefik.sh"
+MANIFEST = REPO / "localcp" / "traefik.yaml"
+NAMESPACE = "traefik"
+INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
+NONROOT = "65532"
+IMAGE_PLACEHOLDER = "TRAEFIK_IMAGE"
+
+
+@functools.cache
+def binary() -> Path:
+    return Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+
+
+def version() -> str:
+    return binary().parent.parent.name.removeprefix("traefik-")
+
+
+def built() -> bool:
+    return binary().is_file()
+
+
+def ensure_built() -> None:
+    if not built():
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+
+
+def image_name() -> str:
+    return f"localhost/traefik:{version()}"
+
+
+def image() -> images.Image:
+    """The binary as an image, in an archive of its own (cached by the binary)."""
+    if not built():
+        raise ProcessFailed(f"Traefik is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
+    stat = binary().stat()
+    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), image_name(), stat.st_size,
+                                     stat.st_mtime_ns]).encode()).hexdigest()
+    target = images.IMAGES / f"traefik-{key[:20]}.tar"
+    config = {"Entrypoint": ["/ko-app/traefik"], "User": NONROOT, "WorkingDir": "/",
+              "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", "HOME=/nonexistent"]}
+    if target.exists():
+        return images.Image(image_name(), target)
+    base = images._layer([
+        ("/etc", None, 0o755, None),
+        ("/etc/passwd", f"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/nonexistent:/sbin/nologin\n".encode(), 0o644, None),
+        ("/etc/group", f"root:x:0:\nnonroot:x:{NONROOT}:\n".encode(), 0o644, None),
+        ("/tmp", None, 0o1777, None), ("/ko-app", None, 0o755, None)])
+    images.IMAGES.mkdir(parents=True, exist_ok=True)
+    layer = images.IMAGES / f"traefik-{key[:20]}.layer"
+    with open(layer, "wb") as out:
+        images._write_layer(out, [("/ko-app/traefik", binary(), 0o755, None)])
+    try:
+        return images.write_oci_archive(target, image_name(), [base, layer], config)
+    finally:
+        layer.unlink()
+
+
+def manifests() -> list[dict]:
+    text = MANIFEST.read_text().replace(IMAGE_PLACEHOLDER, image_name())
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def install(cp: ControlPlane, timeout: float = 120) -> float:
+    """Traefik applied and ready, then config-network's ingress class set to it; the seconds it took."""
+    began = time.monotonic()
+    cp.kubectl("apply", "--server-side", "-f", "-",
+               input="\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in manifests()))
+    done = cp.kubectl("rollout", "status", "-n", NAMESPACE, "deployment/traefik", f"--timeout={int(timeout)}s",
+                      check=False)
+    if done.returncode != 0:
+        pods = cp.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
+        logs = cp.kubectl("logs", "-n", NAMESPACE, "deployment/traefik", "--tail=30", check=False)
+        raise ProcessFailed(f"Traefik not ready after {timeout:g}s: {done.stderr.strip()}\n{pods}{logs.stdout}{logs.stderr}")
+    set_ingress_class(cp, INGRESS_CLASS)
+    return time.monotonic() - began
+
+
+def set_ingress_class(cp: ControlPlane, ingress_class: str) -> None:
+    """Knative's config-network: which KIngress class its Routes create (Serving's controller
+    watches the ConfigMap; Routes made after this use it, and existing ones are reconciled)."""
+    cp.kubectl("patch", "configmap", "config-network", "-n", "knative-serving", "--type", "merge",
+               "-p", json.dumps({"data": {"ingress-class": ingress_class}}))
