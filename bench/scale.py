@@ -361,20 +361,33 @@ def node_names(count: int) -> list[str]:
     return [f"scale-{i:04d}" for i in range(count)]
 
 
-def add_nodes(stack: LocalStack, api: Kube, names: list[str]) -> NodeLeases:
-    """The nodes (8 GPUs each), their Leases, and Ready without the not-ready taint."""
-    bench_run.parallel(lambda name: stack.cp.add_node(name, gpus="8"), names, CREATORS)
+# Nodes without kubelets beside real ones (the Knative stack): tainted, so that kube-scheduler
+# never puts a pod of its own there (a Knative revision's, an adapter's, which would never start);
+# the pods meant for them tolerate it (NO_KUBELET_TOLERATION).
+NO_KUBELET_TAINT = {"key": "gpu-scheduler.test/no-kubelet", "value": "true", "effect": "NoSchedule"}
+NO_KUBELET_TOLERATION = {"key": NO_KUBELET_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+
+
+def add_nodes(stack: LocalStack, api: Kube, names: list[str], taint: dict | None = None) -> NodeLeases:
+    """The nodes (8 GPUs each), their Leases, and Ready without the not-ready taint. taint: one of
+    ours on each (NO_KUBELET_TAINT), kept."""
+    spec = {"taints": [taint]} if taint else None
+    bench_run.parallel(lambda name: stack.cp.add_node(name, gpus="8", spec=spec), names, CREATORS)
     leases = NodeLeases(api, names)
     wanted = set(names)
+    ours = {taint["key"]} if taint else set()
 
-    stack.wait_for(lambda: not tainted(api, wanted), WAIT_SECONDS, f"{len(names)} nodes Ready and untainted", interval=1)
+    stack.wait_for(lambda: not tainted(api, wanted, ours), WAIT_SECONDS, f"{len(names)} nodes Ready and untainted",
+                   interval=1)
     return leases
 
 
-def tainted(api: Kube, names: set[str]) -> int:
-    """How many of the nodes carry a taint (not-ready, unreachable: the node-lifecycle controller's)."""
+def tainted(api: Kube, names: set[str], ours: set[str] = frozenset()) -> int:
+    """How many of the nodes carry a taint (not-ready, unreachable: the node-lifecycle controller's),
+    other than those whose key is in `ours`."""
     nodes = api._call("GET", "/api/v1/nodes")["items"]
-    return sum(1 for n in nodes if n["metadata"]["name"] in names and n["spec"].get("taints"))
+    return sum(1 for n in nodes if n["metadata"]["name"] in names
+               and [t for t in n["spec"].get("taints") or [] if t["key"] not in ours])
 
 
 RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
