@@ -1,0 +1,38 @@
+"""kn, Knative's CLI, as a Knative user runs it against the local stack (localcp/build-kn.sh builds
+it: knative.dev/client at the version of localcp/versions.env, kn 1.15).
+
+Known upstream bug: `kn source apiserver list` and `kn source apiserver describe` panic on any
+ApiServerSource whose resources carry a `selector.matchLabels` (the chart's does):
+knative.dev/client v0.42.0 pkg/kn/commands/source/apiserver/flags.go:241 writes a slice by
+index past its length. The stack shows that source with kubectl instead.
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+from .cluster import REPO, ControlPlane, ProcessFailed
+
+BUILD_SCRIPT = REPO / "localcp" / "build-kn.sh"
+
+
+@functools.cache
+def binary() -> Path:
+    return Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+
+
+def ensure_built() -> None:
+    if not binary().is_file():
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+
+
+def kn(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """kn ARGS... with the stack's kubeconfig."""
+    if not binary().is_file():
+        raise ProcessFailed(f"kn is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
+    done = subprocess.run([str(binary()), *args, "--kubeconfig", str(cp.kubeconfig)], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise ProcessFailed(f"kn {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done
