@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import decode, framework, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
+from bench import decode, framework, frontdoor, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp import images
@@ -763,6 +763,8 @@ def table(results: dict) -> str:
         rows += scale.rows(results["scale"])
     if "soak" in results:
         rows += ["", *soak.rows(results["soak"])]
+    if results.get("frontdoor"):
+        rows += ["", *frontdoor.rows(results["frontdoor"])]
     return "\n".join(rows)
 
 
@@ -850,6 +852,8 @@ def main() -> int:
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)
         results["real_nodes"] = real_nodes(1 if args.smoke else 3)
+        print("bench: bind at zero behind Knative's front door (Knative, Traefik, the chart at min-scale 0)", flush=True)
+        results["frontdoor"] = frontdoor.run(args.smoke)
     out = RESULTS / ("results-smoke.json" if args.smoke else "results.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nmachine: {results['machine']}")
