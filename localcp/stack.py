@@ -302,6 +302,13 @@ class LocalStack:
         # zero and says so (NoTraffic); what must be ready is what serves.
         latest = {c.get("status", {}).get("latestCreatedRevisionName")
                   for c in self.knative_resources("configurations.serving.knative.dev")}
+        # A revision at zero (bind.scale.min 0, idle): its PodAutoscaler is Ready False for
+        # NoTraffic and its ServerlessService, in Proxy mode (the activator in the path), has no
+        # healthy backend: Knative's way of saying so; its Route still reaches it.
+        at_zero = {item["metadata"]["name"] for item in
+                   self.knative_resources("podautoscalers.autoscaling.internal.knative.dev")
+                   if {c["type"]: c for c in item.get("status", {}).get("conditions", [])}
+                   .get("Ready", {}).get("reason") == "NoTraffic"}
         for resource in ("configurations.serving.knative.dev", *per_revision,
                          "routes.serving.knative.dev", "ingresses.networking.internal.knative.dev",
                          "apiserversources.sources.knative.dev", "pingsources.sources.knative.dev"):
@@ -312,11 +319,11 @@ class LocalStack:
                 missing.append(f"no {resource}")
             for item in items:
                 ready = {c["type"]: c for c in item.get("status", {}).get("conditions", [])}.get("Ready", {})
-                # A PodAutoscaler at zero (bind.scale.min 0, idle) is Ready False for NoTraffic:
-                # Knative's way of saying so; its Route still reaches it through the activator.
-                at_zero = item["kind"] == "PodAutoscaler" and ready.get("reason") == "NoTraffic"
-                if ready.get("status") != "True" and not at_zero:
-                    missing.append(f"{item['kind']} {item['metadata']['name']}")
+                name, kind = item["metadata"]["name"], item["kind"]
+                asleep = name in at_zero and (kind == "PodAutoscaler" or (
+                    kind == "ServerlessService" and item.get("spec", {}).get("mode") == "Proxy"))
+                if ready.get("status") != "True" and not asleep:
+                    missing.append(f"{kind} {name}")
         for service in ("mutate-webhook", *(("bind-events",) if self.sink_service_exists() else ())):
             if not self.ready_endpoints(service):
                 missing.append(f"Service {service} without a ready endpoint")
