@@ -7,10 +7,13 @@
 # so `kn version` tells. Static, about 2 minutes on 2 cores, once.
 #   bash localcp/build-kn.sh          build (or find) it
 #   bash localcp/build-kn.sh --path   print where it is (built or not)
-# Modules come through the machine's own Go proxy configuration, without its `direct` fallback.
+# Modules come through the machine's own Go proxy configuration, without its `direct` fallback
+# (localcp/gomodule.sh).
 set -euo pipefail
 # shellcheck source=localcp/versions.sh
 source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+# shellcheck source=localcp/gomodule.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gomodule.sh"
 : "${GPU_SCHEDULER_KN:?}"
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
 DIR="$CACHE/kn-$GPU_SCHEDULER_KN"
@@ -23,16 +26,7 @@ if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
 command -v go >/dev/null || { log "go is required"; exit 1; }
 
 start=$SECONDS
-rm -rf "$DIR/module"; mkdir -p "$DIR/module" "$DIR/bin"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-GOPROXY="$(go env GOPROXY)"; GOPROXY="${GOPROXY%,direct}"; GOPROXY="${GOPROXY%|direct}"
-export GOPROXY
-cd "$DIR/module"
-go mod init gpu-scheduler.local/kn-build >/dev/null 2>&1
-go mod edit -require="$MODULE@$GPU_SCHEDULER_KN"
-src=$(go mod download -json "$MODULE@$GPU_SCHEDULER_KN" |
-  python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(d["Error"]) if d.get("Error") else print(d["Dir"])')
-cp "$src/go.sum" . && chmod u+w go.sum
+own_module "$DIR" kn "$MODULE" "$GPU_SCHEDULER_KN"
 # Knative numbers its releases 1.N where its Go modules say v0.(N+27): kn 1.15 is client v0.42.0.
 # Stamped as upstream's hack/build-flags.sh stamps a release (the date quoted: it has a space).
 minor=${GPU_SCHEDULER_KN#v0.}; patch=${minor#*.}; minor=${minor%%.*}
@@ -40,7 +34,6 @@ release="v1.$((minor - 27)).$patch"
 pkg="$MODULE/pkg/kn/commands/version"
 ldflags="-s -w -X $pkg.Version=$release -X '$pkg.BuildDate=$(date -u '+%Y-%m-%d %H:%M:%S')'"
 log "$GPU_SCHEDULER_KN (kn $release): go build $MODULE/cmd/kn (about 2 minutes on 2 cores, once)"
-go build -trimpath -ldflags "$ldflags" -o "$BIN.tmp" "$MODULE/cmd/kn" 2>&1 | sed '/^go: downloading /d; s/^/  [go build] /'
-mv "$BIN.tmp" "$BIN"
+build_into "$BIN" "$MODULE/cmd/kn" "$ldflags"
 cd / && rm -rf "$DIR/module"
 log "$("$BIN" version | head -1) in $((SECONDS - start))s: $BIN"

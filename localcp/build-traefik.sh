@@ -13,11 +13,13 @@
 #     UI: it runs without --api (localcp/traefik.py).
 #   bash localcp/build-traefik.sh          build (or find) it
 #   bash localcp/build-traefik.sh --path   print where it is (built or not)
-# Modules come through the machine's own Go proxy configuration, without its `direct` fallback: a
-# lookup the proxy refuses fails at once instead of trying the module's own download site.
+# Modules come through the machine's own Go proxy configuration, without its `direct` fallback
+# (localcp/gomodule.sh).
 set -euo pipefail
 # shellcheck source=localcp/versions.sh
 source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+# shellcheck source=localcp/gomodule.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gomodule.sh"
 : "${GPU_SCHEDULER_TRAEFIK:?}"
 CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
 DIR="$CACHE/traefik-$GPU_SCHEDULER_TRAEFIK"
@@ -30,18 +32,9 @@ if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
 command -v go >/dev/null || { log "go is required"; exit 1; }
 
 start=$SECONDS
-rm -rf "$DIR/module"; mkdir -p "$DIR/module" "$DIR/bin"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-GOPROXY="$(go env GOPROXY)"; GOPROXY="${GOPROXY%,direct}"; GOPROXY="${GOPROXY%|direct}"
-export GOPROXY
-cd "$DIR/module"
-go mod init gpu-scheduler.local/traefik-build >/dev/null 2>&1
-go mod edit -require="$MODULE@$GPU_SCHEDULER_TRAEFIK"
-src=$(go mod download -json "$MODULE@$GPU_SCHEDULER_TRAEFIK" |
-  python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(d["Error"]) if d.get("Error") else print(d["Dir"])')
-cp "$src/go.sum" . && chmod u+w go.sum
+own_module "$DIR" traefik "$MODULE" "$GPU_SCHEDULER_TRAEFIK"
 # Upstream's replace directives, each as `go mod edit` takes it.
-go mod edit -json "$src/go.mod" |
+go mod edit -json "$SRC/go.mod" |
   python3 -c 'import json,sys
 for r in json.load(sys.stdin).get("Replace") or []:
     old, new = r["Old"], r["New"]
@@ -51,7 +44,6 @@ for r in json.load(sys.stdin).get("Replace") or []:
 ldflags="-s -w -X $MODULE/pkg/version.Version=$GPU_SCHEDULER_TRAEFIK"
 ldflags+=" -X $MODULE/pkg/version.BuildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 log "$GPU_SCHEDULER_TRAEFIK: go build $MODULE/cmd/traefik (12-15 minutes on 2 cores, once)"
-go build -trimpath -ldflags "$ldflags" -o "$BIN.tmp" "$MODULE/cmd/traefik" 2>&1 | sed '/^go: downloading /d; s/^/  [go build] /'
-mv "$BIN.tmp" "$BIN"
+build_into "$BIN" "$MODULE/cmd/traefik" "$ldflags"
 cd / && rm -rf "$DIR/module"
 log "$("$BIN" version | awk '/^Version:/ {print $2}') in $((SECONDS - start))s: $BIN"
