@@ -78,7 +78,7 @@ def ensure_built() -> None:
 # -- images --------------------------------------------------------------------------------------
 # A home that does not exist: client-go then finds no ~/.kube/config and takes the in-cluster
 # configuration (a home it cannot read is an error instead). The layers' files are root's.
-_BASE_FILES = [
+BASE_FILES = [
     ("/etc", None, 0o755, None),
     ("/etc/passwd", f"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/nonexistent:/sbin/nologin\n".encode(), 0o644, None),
     ("/etc/group", f"root:x:0:\nnonroot:x:{NONROOT}:\n".encode(), 0o644, None),
@@ -103,7 +103,7 @@ def knative_images() -> list[images.Image]:
         for project, command in commands}
     if target.exists():
         return [images.Image(name, target, unpack=False) for name in configs]
-    base = images._layer(_BASE_FILES)
+    base = images._layer(BASE_FILES)
     images.IMAGES.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images.IMAGES) as tmp:
         layers = {}

@@ -298,31 +298,31 @@ class LocalStack:
         missing = []
         per_revision = ("revisions.serving.knative.dev", "podautoscalers.autoscaling.internal.knative.dev",
                         "serverlessservices.networking.internal.knative.dev")
+        listed = {resource: self.knative_resources(resource) for resource in (
+            "configurations.serving.knative.dev", *per_revision, "routes.serving.knative.dev",
+            "ingresses.networking.internal.knative.dev", "apiserversources.sources.knative.dev",
+            "pingsources.sources.knative.dev")}
+
+        def ready_condition(item: dict) -> dict:
+            return {c["type"]: c for c in item.get("status", {}).get("conditions", [])}.get("Ready", {})
         # Each Configuration's latest revision: an older one no Route sends to any more scales to
         # zero and says so (NoTraffic); what must be ready is what serves.
-        latest = {c.get("status", {}).get("latestCreatedRevisionName")
-                  for c in self.knative_resources("configurations.serving.knative.dev")}
+        latest = {c.get("status", {}).get("latestCreatedRevisionName") for c in listed["configurations.serving.knative.dev"]}
         # A revision at zero (bind.scale.min 0, idle): its PodAutoscaler is Ready False for
         # NoTraffic and its ServerlessService, in Proxy mode (the activator in the path), has no
         # healthy backend: Knative's way of saying so; its Route still reaches it.
-        at_zero = {item["metadata"]["name"] for item in
-                   self.knative_resources("podautoscalers.autoscaling.internal.knative.dev")
-                   if {c["type"]: c for c in item.get("status", {}).get("conditions", [])}
-                   .get("Ready", {}).get("reason") == "NoTraffic"}
-        for resource in ("configurations.serving.knative.dev", *per_revision,
-                         "routes.serving.knative.dev", "ingresses.networking.internal.knative.dev",
-                         "apiserversources.sources.knative.dev", "pingsources.sources.knative.dev"):
-            items = self.knative_resources(resource)
+        at_zero = {item["metadata"]["name"] for item in listed["podautoscalers.autoscaling.internal.knative.dev"]
+                   if ready_condition(item).get("reason") == "NoTraffic"}
+        for resource, items in listed.items():
             if resource in per_revision:
                 items = [item for item in items if item["metadata"]["name"] in latest]
             if not items:
                 missing.append(f"no {resource}")
             for item in items:
-                ready = {c["type"]: c for c in item.get("status", {}).get("conditions", [])}.get("Ready", {})
                 name, kind = item["metadata"]["name"], item["kind"]
                 asleep = name in at_zero and (kind == "PodAutoscaler" or (
                     kind == "ServerlessService" and item.get("spec", {}).get("mode") == "Proxy"))
-                if ready.get("status") != "True" and not asleep:
+                if ready_condition(item).get("status") != "True" and not asleep:
                     missing.append(f"{kind} {name}")
         for service in ("mutate-webhook", *(("bind-events",) if self.sink_service_exists() else ())):
             if not self.ready_endpoints(service):

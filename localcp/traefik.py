@@ -2,8 +2,8 @@
 
 localcp/build-traefik.sh builds github.com/traefik/traefik/v3 (its Knative provider) at the version
 of localcp/versions.env into the cache. Here:
-- image(): the static binary as an image (/ko-app/traefik, nonroot 65532, like Knative's own:
-  localcp/knative.py), imported on every node;
+- image(): the static binary as an image (/ko-app/traefik) on Knative's images' base (nonroot
+  65532: localcp/knative.py), imported on every node;
 - manifests(): localcp/traefik.yaml (namespace, account, the provider's exact RBAC, the Deployment,
   the public and private Services) with the image named;
 - install(): those applied, Traefik ready, then Knative's config-network told to give KIngresses
@@ -24,14 +24,14 @@ from pathlib import Path
 
 import yaml
 
-from . import images
+from . import images, knative
 from .cluster import REPO, ControlPlane, ProcessFailed
 
 BUILD_SCRIPT = REPO / "localcp" / "build-traefik.sh"
 MANIFEST = REPO / "localcp" / "traefik.yaml"
 NAMESPACE = "traefik"
 INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
-NONROOT = "65532"
+NONROOT = knative.NONROOT
 IMAGE_PLACEHOLDER = "TRAEFIK_IMAGE"
 
 
@@ -63,18 +63,14 @@ def image() -> images.Image:
     if not built():
         raise ProcessFailed(f"Traefik is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
     stat = binary().stat()
-    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), image_name(), stat.st_size,
+    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), "knative-base", image_name(), stat.st_size,
                                      stat.st_mtime_ns]).encode()).hexdigest()
     target = images.IMAGES / f"traefik-{key[:20]}.tar"
     config = {"Entrypoint": ["/ko-app/traefik"], "User": NONROOT, "WorkingDir": "/",
               "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", "HOME=/nonexistent"]}
     if target.exists():
         return images.Image(image_name(), target)
-    base = images._layer([
-        ("/etc", None, 0o755, None),
-        ("/etc/passwd", f"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/nonexistent:/sbin/nologin\n".encode(), 0o644, None),
-        ("/etc/group", f"root:x:0:\nnonroot:x:{NONROOT}:\n".encode(), 0o644, None),
-        ("/tmp", None, 0o1777, None), ("/ko-app", None, 0o755, None)])
+    base = images._layer(knative.BASE_FILES)  # Knative's images' base: the same nonroot user
     images.IMAGES.mkdir(parents=True, exist_ok=True)
     layer = images.IMAGES / f"traefik-{key[:20]}.layer"
     with open(layer, "wb") as out:
