@@ -1,6 +1,6 @@
 """gunicorn's settings for both functions, wherever gunicorn serves them: the images' entry point
-(what Knative runs, and func deploy), mutate's webhook-tls container (webhook.path
-direct-service), the local control plane (localcp/). functions-framework's own CLI starts the
+(what Knative runs, and func deploy; with webhook.path direct-service, mutate's also serves the
+API server over TLS: below), the local control plane (localcp/). functions-framework's own CLI starts the
 same gunicorn but takes none of these from the environment or a file, so the images run
 
     gunicorn --config python:serving.gunicorn_config 'functions_framework:create_app(target="mutate", source="functions/mutate/main.py")'
@@ -27,6 +27,15 @@ environment, PORT), plus what long-lived clients need:
   graceful_timeout (10 s: mutate answers within 4 s, bind's API calls time out at 10 s).
   15 + 10 s stay within Kubernetes' default 30 s grace period. A second SIGTERM changes nothing;
   SIGINT or SIGQUIT stop at once, as in gunicorn.
+- **The webhook's TLS listener** (WEBHOOK_TLS_PORT; webhook.path direct-service): queue-proxy
+  speaks plain HTTP to the container on PORT, and the API server calls the revision's pods
+  directly, over TLS, through a ClusterIP Service on WEBHOOK_TLS_PORT. Both are listeners of this
+  one server (one app, one set of threads and limits), and only connections accepted on the TLS
+  port are wrapped in TLS, with the certificate and key in WEBHOOK_TLS_DIR (tls.crt, tls.key: a
+  kubernetes.io/tls Secret mounted there). gunicorn reads them for each connection, so a renewed
+  Secret needs no restart. One container instead of a second server beside the function: `func
+  deploy` can declare it (func.yaml has one container, its envs and volumes), and the pod is
+  Ready exactly when the server that holds both listeners answers its readiness.
 - **reuse_port**: a new server can listen on the port while the old one drains (a restart in
   place, as the local control plane does it; in a pod each revision has its own address, and
   Linux lets only processes of the same user share a port: in a pod, the function's own). A
@@ -36,9 +45,11 @@ environment, PORT), plus what long-lived clients need:
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import ssl
 import threading
 
 from gunicorn.workers import gthread
@@ -64,6 +75,46 @@ worker_class = "serving.gunicorn_config.DrainingWorker"
 control_socket_disable = True  # gunicorn's control socket: a file in $HOME, on a read-only root
 
 _log = logging.getLogger("gpu_scheduler.serving")
+
+
+def _webhook_tls_port() -> int | None:
+    """WEBHOOK_TLS_PORT, checked, with its certificate loadable: the server refuses to start
+    otherwise, naming the fix, instead of failing every TLS handshake later."""
+    value = os.environ.get("WEBHOOK_TLS_PORT", "")
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536 or value == os.environ.get("PORT", "8080"):
+        raise SystemExit(f"WEBHOOK_TLS_PORT={value}: not a port other than PORT (8443 in the chart)")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(WEBHOOK_TLS_CERT, WEBHOOK_TLS_KEY)
+    except (OSError, ssl.SSLError) as error:
+        raise SystemExit(
+            f"WEBHOOK_TLS_PORT={value}: cannot load {WEBHOOK_TLS_CERT} and {WEBHOOK_TLS_KEY} ({error}): mount the "
+            f"webhook's kubernetes.io/tls Secret (the chart's mutate-webhook-tls) at WEBHOOK_TLS_DIR") from None
+    return int(value)
+
+
+WEBHOOK_TLS_DIR = os.environ.get("WEBHOOK_TLS_DIR", "/var/run/gpu-scheduler/tls")
+WEBHOOK_TLS_CERT = os.path.join(WEBHOOK_TLS_DIR, "tls.crt")
+WEBHOOK_TLS_KEY = os.path.join(WEBHOOK_TLS_DIR, "tls.key")
+WEBHOOK_TLS_PORT = _webhook_tls_port()
+if WEBHOOK_TLS_PORT is not None:
+    bind.append(f"0.0.0.0:{WEBHOOK_TLS_PORT}")
+
+
+class _WebhookTLSSettings:
+    """gunicorn's settings for a connection accepted on the webhook's TLS listener: the server's
+    own, with TLS on (gunicorn's is_ssl is one switch for every listener)."""
+
+    is_ssl = True
+    certfile = WEBHOOK_TLS_CERT
+    keyfile = WEBHOOK_TLS_KEY
+
+    def __init__(self, settings) -> None:
+        self._settings = settings
+
+    def __getattr__(self, name: str):
+        return getattr(self._settings, name)
 
 
 def when_ready(server) -> None:
@@ -122,5 +173,22 @@ class DrainingWorker(gthread.ThreadWorker):
                     break
                 self.nr_conns += 1
                 client.setblocking(True)
-                self.enqueue_req(gthread.TConn(self.cfg, client, address, listener.getsockname()))
+                self.enqueue_req(self.connection(client, address, listener))
             listener.close()
+
+    def accept(self, listener) -> None:
+        """gthread's accept, with the connection made by connection() (TLS on the webhook's port)."""
+        try:
+            client, address = listener.accept()
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        client.setblocking(True)
+        self.enqueue_req(self.connection(client, address, listener))
+
+    def connection(self, client, address, listener) -> gthread.TConn:
+        server = listener.getsockname()
+        tls = WEBHOOK_TLS_PORT is not None and isinstance(server, tuple) and server[1] == WEBHOOK_TLS_PORT
+        return gthread.TConn(_WebhookTLSSettings(self.cfg) if tls else self.cfg, client, address, server)

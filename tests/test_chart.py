@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from gpu_scheduler import permissions
-from localcp import pki
+from localcp import images, pki
 from localcp.cluster import free_port
 from schemas import REPO, SCHEMAS, load_documents, manifest_errors
 from test_manifests import account_grants
@@ -358,9 +358,9 @@ def test_knative_route_path(helm):
 
 @pytest.mark.parametrize("values", ["direct-service", "custom"])
 def test_direct_service_path(helm, values):
-    """The API server calls a ClusterIP Service on mutate's revision pods, whose webhook-tls
-    container serves the certificate for <service>.<namespace>.svc; cert-manager injects that
-    certificate's CA."""
+    """The API server calls a ClusterIP Service on mutate's revision pods, whose one container
+    also serves the certificate for <service>.<namespace>.svc on a second listener (TLS);
+    cert-manager injects that certificate's CA."""
     docs = render(helm, values)
     namespace = install_namespace(docs)
     settings = {"serviceName": "mutate-webhook", "targetPort": 8443, **values_of(values)["webhook"].get("directService", {})}
@@ -378,27 +378,19 @@ def test_direct_service_path(helm, values):
     certificate = find(docs, "Certificate", name)
     assert certificate["spec"]["dnsNames"] == [f"{name}.{namespace}.svc"], "the name the API server checks"
     pod = find(docs, "Service", "mutate")["spec"]["template"]["spec"]
-    tls = containers(docs, "mutate")["webhook-tls"]
-    assert "ports" not in tls, "Knative allows one port per pod: the user container's"
-    assert [c["name"] for c in pod["containers"] if c.get("ports")] == ["mutate"]
-    assert f"--bind=0.0.0.0:{port}" in tls["args"]
-    # Knative v0.50.0's webhook refuses any probe on a second container (multi-container-probing
-    # off, its default): the function's readiness checks the TLS listener's too.
-    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(tls)
-    probe = containers(docs, "mutate")["mutate"]["readinessProbe"]
-    assert "exec" in probe and not {"httpGet", "tcpSocket", "grpc"} & set(probe), "kept by Knative, run by the kubelet"
-    assert probe["exec"]["command"][-2:] == ["http://127.0.0.1:8080/health/readiness",
-                                             f"https://127.0.0.1:{port}/health/readiness"], (
-        "mutate's readiness, and its TLS listener's: each fails while mutate drains after a SIGTERM")
-    # The drain (serving/gunicorn_config.py, DRAIN_SECONDS 15) outlasts the probe's failing.
-    assert probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"] < 15
-    [mount] = tls["volumeMounts"]
+    # One container, which func.yaml can declare too (functions/mutate/func.yaml): the TLS port is
+    # a second listener of the same server, undeclared (Knative allows one port: queue-proxy's).
+    [mutate] = pod["containers"]
+    assert mutate["ports"] == [{"containerPort": 8080}]
+    variables = env(mutate)
+    assert variables["WEBHOOK_TLS_PORT"] == str(port)
+    # Ready means both listeners: they are one server's, so its HTTP readiness answers for both.
+    assert mutate["readinessProbe"] == {"httpGet": {"path": "/health/readiness"}}
+    [mount] = mutate["volumeMounts"]
     [volume] = pod["volumes"]
     assert volume == {"name": mount["name"], "secret": {"secretName": certificate["spec"]["secretName"]}}
-    assert f"--certfile={mount['mountPath']}/tls.crt" in tls["args"] and f"--keyfile={mount['mountPath']}/tls.key" in tls["args"]
-    assert tls["image"] == containers(docs, "mutate")["mutate"]["image"]
-    assert tls["env"] == containers(docs, "mutate")["mutate"]["env"], "the same settings as the function"
-    assert tls["securityContext"] == containers(docs, "mutate")["mutate"]["securityContext"]
+    assert mount["readOnly"] is True and variables["WEBHOOK_TLS_DIR"] == mount["mountPath"]
+    assert mount["name"] == f"secret-{certificate['spec']['secretName']}", "the name func deploy gives it"
 
 
 def test_direct_service_own_ca_signs_only_the_webhook(helm):
@@ -473,24 +465,24 @@ class ServiceConnection(http.client.HTTPSConnection):
 
 
 def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
-    """The webhook-tls container's command, as rendered (its $(VAR)s from its env), run here from
-    the repository root (the image's /app holds functions/mutate at the same path), with a
-    certificate for the Service's name: a client that checks that name, as the API server does,
-    gets mutate's answer. Its own gunicorn, so the port and the certificate paths are swapped."""
+    """mutate's container as rendered (the image's entry point, its env, with WEBHOOK_TLS_DIR
+    pointing at a certificate for the Service's name), run here from the repository root (the
+    image's /app holds functions/mutate at the same path): a client that checks that name, as
+    the API server does, gets mutate's answer on the TLS port, while queue-proxy's port stays
+    plain HTTP. The ports are swapped for free ones."""
     docs = render(helm, "direct-service")
-    tls = containers(docs, "mutate")["webhook-tls"]
+    mutate = containers(docs, "mutate")["mutate"]
     name = f"mutate-webhook.{install_namespace(docs)}.svc"
     ca = pki.make_ca(tmp_path, "ca")
     key, crt = pki.make_cert(tmp_path, "mutate-webhook", ca, f"/CN={name}", sans=(f"DNS:{name}",))
-    variables, port = env(tls), free_port()
-    args = [re.sub(r"\$\((\w+)\)", lambda m: variables[m[1]], arg) for arg in tls["args"]]
-    args = [f"--bind=127.0.0.1:{port}" if a.startswith("--bind=") else f"--certfile={crt}" if a.startswith("--certfile=")
-            else f"--keyfile={key}" if a.startswith("--keyfile=") else a for a in args]
-    assert tls["command"] == ["gunicorn"]
-    command = containers(docs, "mutate")["mutate"]["readinessProbe"]["exec"]["command"]
-    probe = [sys.executable if part == "python" else part for part in command[:3]] + [f"https://127.0.0.1:{port}/health/readiness"]
-    assert subprocess.run(probe, capture_output=True, timeout=30).returncode != 0, "not ready before gunicorn listens"
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", *args], cwd=REPO, stdout=subprocess.PIPE,
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    (tls_dir / "tls.crt").write_bytes(crt.read_bytes())
+    (tls_dir / "tls.key").write_bytes(key.read_bytes())
+    http_port, tls_port = free_port(), free_port()
+    variables = {**env(mutate), "PORT": str(http_port), "WEBHOOK_TLS_PORT": str(tls_port), "WEBHOOK_TLS_DIR": str(tls_dir)}
+    entrypoint = images.read_dockerfile(REPO / "Dockerfile.mutate").entrypoint
+    server = subprocess.Popen([sys.executable, "-m", *entrypoint], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT,  # DRAIN_SECONDS 0: stopped at once at the end
                               env={**os.environ, **variables, "PYTHONPATH": str(REPO), "DRAIN_SECONDS": "0"})
     try:
@@ -503,7 +495,7 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
             "resource": {"group": "", "version": "v1", "resource": "pods"}, "object": pod}}
         deadline = time.monotonic() + 30
         while True:
-            connection = ServiceConnection(name, port, context=context, timeout=5)
+            connection = ServiceConnection(name, tls_port, context=context, timeout=5)
             try:
                 connection.request("POST", "/", json.dumps(review), {"Content-Type": "application/json"})
                 answer = json.loads(connection.getresponse().read())
@@ -515,15 +507,29 @@ def test_direct_service_container_serves_the_webhook_over_tls(helm, tmp_path):
             finally:
                 connection.close()
         assert answer["response"]["uid"] == "u-1" and answer["response"]["allowed"] is True
-        assert subprocess.run(probe, capture_output=True, timeout=30).returncode == 0, "ready once it listens"
         patch = json.loads(base64.b64decode(answer["response"]["patch"]))
         assert any("CUDA_VISIBLE_DEVICES" in json.dumps(op) for op in patch)
+        plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=5)
+        plain.request("GET", "/health/readiness")
+        assert plain.getresponse().status == 200, "queue-proxy's port: plain HTTP, as before"
+        plain.close()
         # Another name (queue-proxy's system-internal one, say) fails the check.
         with pytest.raises(ssl.SSLCertVerificationError):
-            ServiceConnection("kn-user-gpu-scheduler", port, context=context, timeout=5).connect()
+            ServiceConnection("kn-user-gpu-scheduler", tls_port, context=context, timeout=5).connect()
     finally:
         server.terminate()
         server.communicate(timeout=10)
+
+
+def test_the_webhook_tls_listener_without_its_certificate_refuses_to_start_naming_the_fix(tmp_path):
+    """WEBHOOK_TLS_PORT set and no Secret mounted (a func.yaml deployed before the chart made the
+    Secret, say): the server exits at once with what to mount, instead of failing every handshake."""
+    entrypoint = images.read_dockerfile(REPO / "Dockerfile.mutate").entrypoint
+    done = subprocess.run([sys.executable, "-m", *entrypoint], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PORT": str(free_port()),
+                               "WEBHOOK_TLS_PORT": str(free_port()), "WEBHOOK_TLS_DIR": str(tmp_path / "absent")})
+    assert done.returncode != 0
+    assert "mount the webhook's kubernetes.io/tls Secret" in done.stderr and "Traceback" not in done.stderr
 
 
 # -- helm test -------------------------------------------------------------------------------

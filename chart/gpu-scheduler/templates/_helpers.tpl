@@ -80,6 +80,8 @@ securityContext:
   readOnlyRootFilesystem: true
   capabilities:
     drop: ["ALL"]
+  seccompProfile:
+    type: RuntimeDefault
 {{- end -}}
 
 {{/* mutate's environment, for its container and the TLS one of webhook.path direct-service. */}}
