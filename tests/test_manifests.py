@@ -350,7 +350,12 @@ def test_func_yaml_and_knative_service_agree(name):
     assert (fn["name"], fn["namespace"]) == (service["metadata"]["name"], service["metadata"]["namespace"])
     assert fn["image"] == container["image"]
     assert fn["deploy"]["serviceAccountName"] == template["spec"]["serviceAccountName"]
-    assert fn["run"]["envs"] == container["env"]
+    # func.yaml is rendered for func users' webhook.path, direct-service (functions/func-values.yaml;
+    # knative/ is kind's, knative-route): mutate serves the webhook's TLS itself, from its Secret.
+    tls = [{"name": "WEBHOOK_TLS_PORT", "value": "8443"}, {"name": "WEBHOOK_TLS_DIR", "value": "/var/run/gpu-scheduler/tls"}]
+    assert fn["run"]["envs"] == container["env"] + (tls if name == "mutate" else [])
+    assert fn["run"].get("volumes") == ([{"secret": "mutate-webhook-tls", "path": "/var/run/gpu-scheduler/tls"}]
+                                        if name == "mutate" else None)
     assert fn["deploy"]["healthEndpoints"] == {"liveness": container["livenessProbe"]["httpGet"]["path"],
                                                "readiness": container["readinessProbe"]["httpGet"]["path"]}
     labels = {label["key"]: label["value"] for label in fn["deploy"]["labels"]}
@@ -373,9 +378,12 @@ def test_mutate_never_scales_to_zero():
 @pytest.mark.parametrize("name, variables", [
     ("bind", {"LOG_LEVEL", "RESYNC_CONCURRENCY", "THREADS", "GPU_SCHEDULER_QUOTA", "GPU_SCHEDULER_DRA",
               "GPU_SCHEDULER_DRA_DEVICE_CLASS", "DEVICE_ENV_MODE"}),
-    ("mutate", {"LOG_LEVEL", "DEVICE_ENV_MODE", "GPU_SCHEDULER_QUOTA", "WORKERS", "THREADS"})])
+    ("mutate", {"LOG_LEVEL", "DEVICE_ENV_MODE", "GPU_SCHEDULER_QUOTA", "WORKERS", "THREADS",
+                "WEBHOOK_TLS_PORT", "WEBHOOK_TLS_DIR"})])  # the last two: serving/gunicorn_config.py's
 def test_functions_get_the_configuration_they_read(name, variables):
     assert {env["name"] for env in func_yaml(name)["run"]["envs"]} == variables
+    served = (REPO / "serving" / "gunicorn_config.py").read_text()
+    assert all(f'"{variable}"' in served for variable in variables if variable.startswith("WEBHOOK_TLS_"))
     source = (REPO / "functions" / name / "main.py").read_text()
     for path in func_yaml(name)["deploy"]["healthEndpoints"].values():
         assert path in source, f"functions/{name}/main.py does not serve {path}"
