@@ -6,8 +6,8 @@ closed: gunicorn's default keep-alive (2 s) closed it first, and the API server 
 creation ("write: broken pipe", "EOF").
 
 Each server runs exactly as shipped: the images' ENTRYPOINT (Dockerfile.*, as Knative runs them:
-plain HTTP from queue-proxy on PORT), the chart's webhook-tls container (webhook.path
-direct-service, rendered by helm), the local stack's mutate (LocalStack.mutate_command) and the
+plain HTTP from queue-proxy on PORT), the same entry point with the chart's webhook TLS listener
+(webhook.path direct-service, its env rendered by helm: the API server's connection), the local stack's mutate (LocalStack.mutate_command) and the
 in-cluster stand-in's (localcp/incluster.py), from the repository root (the images' /app holds the
 same paths), with the venv's gunicorn first on PATH as /opt/venv/bin is in the images. Where it
 serves TLS, the connection is TLS. The idle gaps are the test's subject, so they are real
@@ -77,8 +77,8 @@ def _swap(argv: list[str], port: int, cert: tuple[Path, Path]) -> list[str]:
 
 
 def _chart_webhook_tls():
-    """The rendered webhook-tls container of chart/gpu-scheduler with ci/direct-service-values.yaml,
-    or None without helm."""
+    """The rendered mutate container of chart/gpu-scheduler with ci/direct-service-values.yaml
+    (its WEBHOOK_TLS_PORT listener is the API server's), or None without helm."""
     spec = importlib.util.spec_from_file_location("chart_manifests", REPO / "chart" / "manifests.py")
     manifests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(manifests)
@@ -90,7 +90,7 @@ def _chart_webhook_tls():
     docs = [d for d in yaml.safe_load_all(manifests.template("-f", str(values), namespace=manifests.NAMESPACE)) if d]
     [ksvc] = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "mutate"
               and d["apiVersion"].startswith("serving.knative.dev")]
-    return {c["name"]: c for c in ksvc["spec"]["template"]["spec"]["containers"]}["webhook-tls"]
+    return {c["name"]: c for c in ksvc["spec"]["template"]["spec"]["containers"]}["mutate"]
 
 
 class Served:
@@ -184,8 +184,15 @@ def ways_to_serve(tmp: Path, cert: tuple[Path, Path]) -> dict[str, tuple[list[st
         ways["mutate-webhook-tls"] = None
     else:
         port = free_port()
+        key, crt = cert
+        tls_dir = tmp / "webhook-tls"
+        tls_dir.mkdir(exist_ok=True)
+        (tls_dir / "tls.key").write_bytes(key.read_bytes())
+        (tls_dir / "tls.crt").write_bytes(crt.read_bytes())
         variables = {e["name"]: str(e["value"]) for e in tls["env"] if "value" in e}
-        ways["mutate-webhook-tls"] = (_swap(_expand(tls["command"] + tls["args"], variables), port, cert), variables, port, True)
+        variables |= {"PORT": str(free_port()), "WEBHOOK_TLS_PORT": str(port), "WEBHOOK_TLS_DIR": str(tls_dir)}
+        entrypoint = images.read_dockerfile(REPO / "Dockerfile.mutate").entrypoint
+        ways["mutate-webhook-tls"] = (entrypoint, variables, port, True)
     port = free_port()
     ways["mutate-local-stack"] = (LocalStack.mutate_command([f"127.0.0.1:{port}"], cert), {}, port, True)
     [container] = incluster.deployment("mutate")["spec"]["template"]["spec"]["containers"]

@@ -150,9 +150,9 @@ def test_each_annotated_pod_is_admitted_by_mutates_revision_and_placed_by_bind_f
     assert ({int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]): p["spec"]["nodeName"] for p in pods} ==
             {i: node for i, (node, _) in EXPECTED.items()})
     assert placement_from_logs(kn, "seed", pods) == EXPECTED  # CUDA_VISIBLE_DEVICES set by mutate
-    # Admitted by mutate's revision pod (its TLS container's log: the API server called it).
+    # Admitted by mutate's revision pod (its log: the API server called its TLS listener).
     [mutate] = revision_pods(kn, "mutate")
-    log = kn.cp.kubectl("logs", "-n", NS, mutate["metadata"]["name"], "-c", "webhook-tls").stdout
+    log = kn.cp.kubectl("logs", "-n", NS, mutate["metadata"]["name"], "-c", "mutate").stdout
     admitted = {json.loads(line).get("pod") for line in log.splitlines() if line.startswith("{")}
     assert {f"seed/{p['metadata']['name']}" for p in pods} <= admitted
     # The real adapter's add events, answered 2xx by bind (at least one per pod).
