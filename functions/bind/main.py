@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import uuid
 
 import functions_framework
 import prometheus_client as prom
@@ -41,12 +42,20 @@ os.register_at_fork(after_in_child=placer.start)
 sink_auth = SinkAuthenticator.from_environment(placer.api)
 
 
+# A 2xx answer is a binary-mode CloudEvent (its body the same JSON): `func invoke` prints an answer
+# only when it is an event, and the sources' adapters send without a reply sink, so they drop it.
+REPLY_TYPE = "dev.gpu-scheduler.bind.reply"
+REPLY_SOURCE = "/gpu-scheduler/bind"
+
+
 def _reply(status, kind="", **body):
     # The label comes from a fixed set: a sender choosing types cannot grow the metrics.
     EVENTS.labels(event_type_label(kind) if kind else "none", str(status)).inc()
     if status >= 400:
         log.info("answered %s", status, extra={"status": status, "event_type": kind, "reply": body})
-    return json.dumps(body), status, {"Content-Type": "application/json"}
+        return json.dumps(body), status, {"Content-Type": "application/json"}
+    return json.dumps(body), status, {"Content-Type": "application/json", "Ce-Specversion": "1.0",
+                                      "Ce-Type": REPLY_TYPE, "Ce-Source": REPLY_SOURCE, "Ce-Id": uuid.uuid4().hex}
 
 
 
