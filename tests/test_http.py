@@ -245,3 +245,16 @@ def test_bind_readiness_means_it_has_listed_the_cluster(bind_server, tmp_path):
 def test_bind_metrics(bind_server):
     status, raw, _ = bind_server.get("/metrics")
     assert status == 200 and b"gpu_scheduler_scheduling_attempt_duration_seconds" in raw
+
+
+def test_bind_answers_an_event_with_an_event_and_a_refusal_without(bind_server):
+    """A 2xx answer is a binary-mode CloudEvent, its data the same JSON (what `func invoke` prints);
+    a 4xx is plain JSON (func invoke reports the HTTP error)."""
+    headers, pod = binary(UPDATE_BOUND)
+    status, raw, answered = bind_server.post(pod, headers)
+    assert status == 200 and json.loads(raw)["result"] == "ignored"
+    assert (answered["Ce-Specversion"], answered["Ce-Type"], answered["Ce-Source"]) == (
+        "1.0", "dev.gpu-scheduler.bind.reply", "/gpu-scheduler/bind")
+    assert answered["Ce-Id"] and answered["Content-Type"] == "application/json"
+    status, raw, refused = bind_server.post(b"{}", {"Content-Type": "application/json"})
+    assert status == 400 and "Ce-Type" not in refused
