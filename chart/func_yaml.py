@@ -179,7 +179,8 @@ def check(directory: Path, schema: dict | None = None) -> list[Refusal]:
 
 def main(argv: list[str]) -> int:
     if not argv or any(a.startswith("-") for a in argv):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: python chart/func_yaml.py FUNCTION_DIRECTORY ...   (e.g. functions/bind functions/mutate)",
+              file=sys.stderr)
         return 2
     refusals = [r for directory in argv for r in check(Path(directory))]
     for refusal in refusals:

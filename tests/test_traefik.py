@@ -77,7 +77,8 @@ def test_nothing_is_sent_off_the_machine_and_no_web_ui_is_asked_for():
 
 
 @pytest.mark.parametrize("name, setting, directory", [("build-traefik.sh", "GPU_SCHEDULER_TRAEFIK", "traefik"),
-                                                       ("build-kn.sh", "GPU_SCHEDULER_KN", "kn")])
+                                                       ("build-kn.sh", "GPU_SCHEDULER_KN", "kn"),
+                                                       ("build-func.sh", "GPU_SCHEDULER_FUNC", "func")])
 def test_path_follows_the_version_setting_and_a_malformed_one_is_refused(tmp_path, name, setting, directory):
     done = script(name, "--path", env={"GPU_SCHEDULER_CACHE": str(tmp_path), setting: "v9.9.9"})
     assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / f"{directory}-v9.9.9" / "bin" / directory)
@@ -89,6 +90,7 @@ def test_path_follows_the_version_setting_and_a_malformed_one_is_refused(tmp_pat
 def test_the_pinned_versions_are_the_ones_that_build():
     assert versions.defaults()["GPU_SCHEDULER_TRAEFIK"] == "v3.6.12"  # v3.7: a nested module is not served
     assert versions.defaults()["GPU_SCHEDULER_KN"] == "v0.42.0"  # later: knative.dev/client/pkg is not served
+    assert versions.defaults()["GPU_SCHEDULER_FUNC"] == "v0.44.0"  # func 1.16: later ones are not served
 
 
 def test_the_built_traefik_is_static_and_says_its_version():
