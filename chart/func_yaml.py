@@ -159,6 +159,15 @@ def check(directory: Path, schema: dict | None = None) -> list[Refusal]:
     if len(typed_scale) == 2 and typed_scale["min"] > typed_scale["max"]:
         refuse((*at_scale, "min"), f"deploy.options.scale.min {typed_scale['min']} is above max {typed_scale['max']} "
                                    f"(line {lines.get((*at_scale, 'max'))}): make min at most max")
+    # func writes deploy.annotations on the Knative Service's metadata as well as its template's
+    # (knative.dev/func v0.44.0, pkg/knative/deployer.go), and Knative refuses autoscaling keys there.
+    annotations = (document.get("deploy") or {}).get("annotations") or {}
+    for key in annotations if isinstance(annotations, dict) else ():
+        if str(key).startswith("autoscaling.knative.dev/"):
+            refuse(("deploy", "annotations", key),
+                   f"deploy.annotations {key}: func writes it on the Knative Service too, where Knative refuses "
+                   f"autoscaling annotations: use deploy.options.scale (min, max, metric, target, utilization); "
+                   f"a window cannot be set through func.yaml (Knative's default: 60s)")
     envs = (document.get("run") or {}).get("envs") or []
     values = {}
     for index, env in enumerate(envs):

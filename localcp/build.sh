@@ -11,7 +11,7 @@
 # Sibling scripts add the nodes' parts, the DRA test driver (same version; from 1.34, the first
 # that serves resource.k8s.io/v1), the cluster network's kube-proxy, nft and CoreDNS, helm, the
 # workload controllers (JobSet, LeaderWorkerSet, Kueue), Argo CD's CRDs, Knative, Traefik (Knative's
-# networking layer here) and kn.
+# networking layer here), kn and func.
 #   bash localcp/build.sh           everything the tests and the benchmarks use (make test, make bench)
 #   bash localcp/build.sh --stack   only what a stack runs (make demo): the control plane, etcd, the
 #                                   nodes' parts, the DRA test driver, the cluster network and Knative
@@ -104,7 +104,8 @@ bash "$HERE/fetch-argocd-crds.sh"
 # project on real Knative (make demo KNATIVE=1 builds it alone).
 bash "$HERE/build-knative.sh" serving
 # Knative's networking layer (Traefik's Knative provider: localcp/traefik.py), which the Knative
-# stack installs with Knative so that Routes become Ready, and kn, Knative's CLI (make demo
-# KNATIVE=1 builds both alone).
+# stack installs with Knative so that Routes become Ready, and kn and func, Knative's CLIs (make
+# demo KNATIVE=1 builds them alone; func deploys bind and mutate there: tests/test_func_cluster.py).
 bash "$HERE/build-traefik.sh"
 bash "$HERE/build-kn.sh"
+bash "$HERE/build-func.sh"

@@ -342,6 +342,92 @@ def bound_times(stack: LocalStack, namespace: str, selector: str, count: int, si
 
 
 def main_knative() -> int:
+    """The design's workflow on real Knative: the chart for everything but the two Knative
+    Services, `func deploy` for those, `kn` to look, the seed, `func invoke` with the captured
+    CloudEvents (docs/install.md, "func")."""
+    from . import func, kn, traefik
+
+    step("Building what the stack runs, Knative, Traefik, func, kn and helm included, if it is not cached"
+         " (first time: about 35 minutes)")
+    ensure_built(stack_only=True)
+    knative.ensure_built()
+    traefik.ensure_built()
+    func.ensure_built()
+    kn.ensure_built()
+    subprocess.run(["bash", str(REPO / "localcp" / "build-helm.sh")], check=True, stdout=subprocess.DEVNULL)
+    step(f"Starting the control plane {KUBERNETES_VERSION} and node1..node4 (kubelet, containerd, kube-proxy, CoreDNS);\n"
+         f"    Knative Eventing {knative.projects()[0].version} and Serving {knative.projects()[1].version}, and"
+         f" Traefik {traefik.version()} as its networking layer;\n"
+         "    then, as a func user installs it (docs/install.md, \"func\"):\n"
+         "      helm install gpu-scheduler chart/gpu-scheduler --set runtime=knative -f localcp/knative-values.yaml"
+         " -f functions/func-values.yaml   (everything but the two Knative Services)\n"
+         "      python chart/func_yaml.py functions/mutate functions/bind   (what the chart refuses is never deployed)\n"
+         f"      func deploy --path functions/<name> --build=false --push=false --image kind.local/gpu-scheduler-<name>:dev"
+         f"   (func {func.version()}: mutate, then bind)")
+    started = time.monotonic()
+    failure = None
+    with LocalStack(knative=True, deployed_by_func=True) as stack:
+        shown_up(stack, started)
+        print(f"    Knative ready in {stack.knative_seconds:.1f}s, Traefik in {stack.traefik_seconds:.1f}s; func deploy: "
+              + ", ".join(f"{name} Ready in {seconds:.1f}s" for name, seconds in stack.func_seconds.items()))
+        step(f"kn service list -n {NAMESPACE}   (bind and mutate, created by func deploy; cluster-local URLs)")
+        print(kn.kn(stack.cp, "service", "list", "-n", NAMESPACE).stdout, end="")
+        step(f"kn revision list -n {NAMESPACE}")
+        print(kn.kn(stack.cp, "revision", "list", "-n", NAMESPACE).stdout, end="")
+        step(f"kn route list -n {NAMESPACE}   (Ready: Traefik has programmed their KIngresses)")
+        print(kn.kn(stack.cp, "route", "list", "-n", NAMESPACE).stdout, end="")
+        step(f"kn source ping list -n {NAMESPACE}   (the resync, from the chart)")
+        print(kn.kn(stack.cp, "source", "ping", "list", "-n", NAMESPACE).stdout, end="")
+        step(f"kubectl get apiserversources -n {NAMESPACE}   (kn source apiserver list panics on a matchLabels"
+             " selector: an upstream bug, docs/try-it.md)")
+        print(stack.cp.kubectl("get", "apiserversources", "-n", NAMESPACE, "-o", "custom-columns=NAME:.metadata.name,"
+                               "SINK:.status.sinkUri,READY:.status.conditions[?(@.type=='Ready')].status").stdout, end="")
+        step("What func deploy wrote, beside what the chart renders with the same values (a server-side dry run):"
+             " each difference and why; none unexplained")
+        for name in ("bind", "mutate"):
+            deployed = json.loads(stack.cp.get(f"/apis/serving.knative.dev/v1/namespaces/{NAMESPACE}/services/{name}"))
+            found = func.differences(deployed, stack.chart_knative_service(name))
+            by_reason: dict[str, list[str]] = {}
+            for path, _, _, why in found:
+                by_reason.setdefault(why or "UNEXPLAINED: func.yaml and the chart drifted apart (make manifests)",
+                                     []).append(path)
+            for why, paths in by_reason.items():
+                print(f"    {name}: {', '.join(paths)}\n        {why}")
+            if any(why is None for *_, why in found):
+                failure = f"{name}: func.yaml and the chart drifted apart"
+        step(f"kubectl apply -f {SEED.relative_to(REPO)}   (5 replicas: admitted by func's mutate, placed by func's bind)")
+        since = ("the apply", time.monotonic())
+        print(stack.apply(seed(False)), end="")
+        shown_running(stack, False, f"{SEED_NAME}-4", since)
+        route = json.loads(func.func(stack.cp, "describe", "--path", str(stack.cp.workdir / "func" / "bind"),
+                                     "--output", "json").stdout)["Route"]
+        step(f"func describe --path functions/bind   (bind's Route: {route})")
+        stack.create_namespace("invoke")
+        ping = (REPO / "examples" / "ping.json").read_text()
+        step(f"func invoke --target {route} --type dev.knative.sources.ping --data \"$(cat examples/ping.json)\"\n"
+             "    (from a pod, where the Route resolves; bind's answer is an event: func prints it)")
+        done = func.invoke_from_a_pod(stack.cp, "invoke", "bind", "--target", route, "--type", "dev.knative.sources.ping",
+                                      "--source", f"/apis/v1/namespaces/{NAMESPACE}/pingsources/resync",
+                                      "--id", "demo-ping", "--data", ping)
+        print(done.stdout, end="")
+        capture = REPO / "tests" / "fixtures" / "sample-events" / "knative-v0.50.0" / "apiserversource-add-gpu-scheduler-check-0.json"
+        captured = json.loads(capture.read_text())
+        step(f"func invoke ... --type {captured['headers']['Ce-Type']} --data <the capture's pod>\n"
+             f"    ({capture.relative_to(REPO)}: its pod lived in namespace capture, which this cluster does not have)")
+        done = func.invoke_from_a_pod(stack.cp, "invoke", "bind", "--target", route, "--type", captured["headers"]["Ce-Type"],
+                                      "--source", captured["headers"]["Ce-Source"], "--id", captured["headers"]["Ce-Id"],
+                                      "--data", json.dumps(captured["body"]))
+        print(done.stdout, end="")
+        if done.returncode != 0:
+            failure = f"func invoke failed: {done.stdout}"
+        step("Tearing down: pods deleted first, then the kubelets, the containerds, everything else")
+        nodes = stack.nodes
+        processes = list(stack.cp.processes.values())
+    return torn_down(nodes, processes, failure)
+
+
+def main_knative_zero() -> int:
+    """bind at zero on real Knative, the chart's Knative Services (make demo KNATIVE=1 ZERO=1)."""
     from . import kn, traefik
 
     step("Building what the stack runs, Knative, Traefik, kn and helm included, if it is not cached"
@@ -940,8 +1026,11 @@ def main(argv=None) -> int:
     mode.add_argument("--preempt", action="store_true",
                       help="the seed at high priority preempts a low-priority workload holding node4's GPU 3")
     mode.add_argument("--knative", action="store_true",
-                      help="the seed on real Knative Eventing and Serving: the chart with runtime knative,"
-                           " driven by the real ApiServerSource and PingSource")
+                      help="the seed on real Knative Eventing and Serving: the chart for everything but bind and"
+                           " mutate, func deploy for those, kn's listings, func invoke with the captured events")
+    parser.add_argument("--zero", action="store_true",
+                        help="with --knative: the chart's Knative Services with bind at min-scale 0, scaled to"
+                             " zero and woken by the seed")
     mode.add_argument("--workload", choices=sorted([*WORKLOADS, "kueue"]),
                       help="instead of the seed, the example JobSet (examples/jobset-torchrun.yaml) or"
                            " LeaderWorkerSet (examples/lws-vllm.yaml), run by its real controller; deployment:"
@@ -951,8 +1040,10 @@ def main(argv=None) -> int:
     if args.dra and not DRA_SERVED:
         parser.error(f"DRA mode needs resource.k8s.io/v1, served from Kubernetes 1.34: the stack's version is"
                      f" {KUBERNETES_VERSION} (GPU_SCHEDULER_K8S, make K8S=)")
+    if args.zero and not args.knative:
+        parser.error("--zero goes with --knative")
     if args.knative:
-        return main_knative()
+        return main_knative_zero() if args.zero else main_knative()
     if args.workload == "kueue":
         return main_kueue()
     if args.workload == "deployment":

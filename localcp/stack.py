@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 
-from . import images, incluster, knative, pki, traefik
+from . import func, images, incluster, knative, pki, traefik
 from .cluster import CACHE, REPO, ControlPlane, ProcessFailed, free_port
 from .adapter import EventTap, ReceiveAdapter
 from .cloudevents import Sender, ping_headers
@@ -37,6 +37,7 @@ from .workloads import WorkloadControllers
 PYTHON = sys.executable
 WEBHOOK_MANIFEST = REPO / "knative" / "webhook.yaml"
 KNATIVE_VALUES = REPO / "localcp" / "knative-values.yaml"
+FUNC_VALUES = REPO / "functions" / "func-values.yaml"  # a func user's values for the rest of the chart
 RELEASE = "gpu-scheduler"
 BIND_ACCOUNT = ("gpu-scheduler", "bind")
 SOURCE_ACCOUNT = ("gpu-scheduler", "pod-events")  # the ApiServerSource's (knative/sources.yaml)
@@ -48,7 +49,7 @@ class LocalStack:
     def __init__(self, webhook: bool = True, event_source: bool = True, real_nodes: bool = False,
                  in_cluster: bool = False, mutate_drain_seconds: float = 0, functions: bool = True,
                  workloads: tuple[str, ...] = (), apiserver_flags: tuple[str, ...] = (), knative: bool = False,
-                 knative_values: tuple[str, ...] = (), **source_options):
+                 knative_values: tuple[str, ...] = (), deployed_by_func: bool = False, **source_options):
         """real_nodes: node1..node4 are kubelets with containerd that run the pods
         (localcp/nodes.py); otherwise Node objects without kubelets, where pods are bound and stay
         Pending (enough for placement, and cheap for hundreds of pods). in_cluster: bind and
@@ -69,8 +70,12 @@ class LocalStack:
         (localcp/knative.py) on the real nodes, then the chart with runtime knative and
         localcp/knative-values.yaml (knative_values: more `helm install` arguments): bind and
         mutate are Knative Services, the webhook is the chart's, and the events come from the
-        real ApiServerSource and PingSource adapters (webhook and event_source are ignored)."""
+        real ApiServerSource and PingSource adapters (webhook and event_source are ignored).
+        deployed_by_func (with knative): as a func user installs it (docs/install.md, "func"): the
+        chart with functions/func-values.yaml for everything but the two Knative Services, and
+        `func deploy` of functions/bind and functions/mutate for those."""
         self.knative = knative
+        self.deployed_by_func = deployed_by_func
         self.knative_values = tuple(knative_values)
         if knative:
             in_cluster, webhook, event_source = True, False, False
@@ -103,6 +108,8 @@ class LocalStack:
                 functions = tuple(images.function_image(n) for n in ("bind", "mutate")) if self.in_cluster else ()
                 if self.knative:
                     functions += (*knative.knative_images(), traefik.image())
+                if self.deployed_by_func:
+                    functions += (func.image(),)  # func invoke runs in a pod: func.invoke_from_a_pod
                 self.nodes = Nodes(self.cp, extra_images=functions).start(wait_dns=False)
             self.api = self._admin_api()
             if self.knative:
@@ -271,15 +278,39 @@ class LocalStack:
 
     def install_release(self, timeout: float = 240) -> None:
         """The chart on Knative, as a user installs it (helm install, runtime knative, with
-        localcp/knative-values.yaml), ready: see knative_not_ready."""
+        localcp/knative-values.yaml), ready: see knative_not_ready. deployed_by_func: the chart
+        without the two Knative Services, then `func deploy` of each (self.func_seconds: how long
+        each took, func waiting for its Service to be Ready)."""
+        by_func = ("-f", str(FUNC_VALUES)) if self.deployed_by_func else ()
         self.helm("install", RELEASE, str(REPO / "chart" / "gpu-scheduler"), "--namespace", incluster.NAMESPACE,
-                  "--create-namespace", "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *self.knative_values)
+                  "--create-namespace", "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *by_func,
+                  *self.knative_values)
+        self.func_seconds: dict[str, float] = {}
+        if self.deployed_by_func:
+            for name in ("mutate", "bind"):  # mutate first: the chart's webhook already names it
+                start = time.monotonic()
+                func.deploy(self.cp, name, images.function_image(name).name)
+                self.func_seconds[name] = time.monotonic() - start
         try:
             self.wait_for(lambda: not self.knative_not_ready(), timeout, "the release ready on Knative", interval=1)
         except TimeoutError as error:
             raise ProcessFailed(f"{error}: {'; '.join(self.knative_not_ready())}\n"
                                 f"{self.cp.kubectl('get', 'ksvc,configurations,revisions,routes,podautoscalers,serverlessservices,apiserversources,pingsources,pods', '-n', incluster.NAMESPACE, '-o', 'wide', check=False).stdout}"
                                 f"{self.cp.kubectl('get', 'events', '-n', incluster.NAMESPACE, check=False).stdout[-3000:]}") from None
+
+    def chart_knative_service(self, name: str) -> dict:
+        """The Knative Service `name` as the chart renders it with this stack's values
+        (functionsDeployedBy chart), kept as the API server and Knative's defaulting webhook would
+        keep it (a server-side dry run, under the name <name>-chart: `name` may exist)."""
+        by_func = ("-f", str(FUNC_VALUES)) if self.deployed_by_func else ()
+        rendered = self.helm("template", RELEASE, str(REPO / "chart" / "gpu-scheduler"), "--namespace",
+                             incluster.NAMESPACE, "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *by_func,
+                             *self.knative_values, "--set", "functionsDeployedBy=chart").stdout
+        [service] = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Service"
+                     and d["apiVersion"].startswith("serving.knative.dev/") and d["metadata"]["name"] == name]
+        service["metadata"]["name"] = f"{name}-chart"
+        return json.loads(self.cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                          input=json.dumps(service)).stdout)
 
     def knative_resources(self, resource: str, namespace: str = incluster.NAMESPACE) -> list[dict]:
         return json.loads(self.cp.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"]

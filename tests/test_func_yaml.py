@@ -54,6 +54,15 @@ def test_what_the_chart_refuses_is_refused_naming_the_line(tmp_path, name, repla
     assert str(refusal).startswith(f"{directory / 'func.yaml'}:{refusal.line}: {says}")
 
 
+def test_an_autoscaling_annotation_is_refused_because_func_writes_it_where_knative_refuses_it(tmp_path):
+    """Found on the real cluster: func v0.44.0 puts deploy.annotations on the Service's metadata too,
+    and Knative's webhook refuses autoscaling keys there (tests/test_func_cluster.py shows the rest)."""
+    directory = edited(tmp_path, "bind", ("deploy:\n", "deploy:\n  annotations:\n    autoscaling.knative.dev/window: 6s\n"))
+    [refusal] = func_yaml.check(directory)
+    assert refusal.line == line_of(directory, "autoscaling.knative.dev/window")
+    assert "Knative refuses autoscaling annotations: use deploy.options.scale" in refusal.message
+
+
 def test_bind_at_zero_is_accepted(tmp_path):
     assert func_yaml.check(edited(tmp_path, "bind", ("      min: 1\n", "      min: 0\n"))) == []
 
