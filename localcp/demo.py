@@ -341,6 +341,24 @@ def bound_times(stack: LocalStack, namespace: str, selector: str, count: int, si
     return bound
 
 
+def shown_knative_listings(stack: LocalStack, services: str, resync: str) -> None:
+    """kn where a Knative user reaches for it, and the ApiServerSource through kubectl."""
+    from . import kn
+
+    step(f"kn service list -n {NAMESPACE}   (bind and mutate, {services}; cluster-local URLs)")
+    print(kn.kn(stack.cp, "service", "list", "-n", NAMESPACE).stdout, end="")
+    step(f"kn revision list -n {NAMESPACE}")
+    print(kn.kn(stack.cp, "revision", "list", "-n", NAMESPACE).stdout, end="")
+    step(f"kn route list -n {NAMESPACE}   (Ready: Traefik has programmed their KIngresses)")
+    print(kn.kn(stack.cp, "route", "list", "-n", NAMESPACE).stdout, end="")
+    step(f"kn source ping list -n {NAMESPACE}   (the resync: {resync})")
+    print(kn.kn(stack.cp, "source", "ping", "list", "-n", NAMESPACE).stdout, end="")
+    step(f"kubectl get apiserversources -n {NAMESPACE}   (kn source apiserver list panics on a matchLabels"
+         " selector: an upstream bug, docs/try-it.md)")
+    print(stack.cp.kubectl("get", "apiserversources", "-n", NAMESPACE, "-o", "custom-columns=NAME:.metadata.name,"
+                           "SINK:.status.sinkUri,READY:.status.conditions[?(@.type=='Ready')].status").stdout, end="")
+
+
 def main_knative() -> int:
     """The design's workflow on real Knative: the chart for everything but the two Knative
     Services, `func deploy` for those, `kn` to look, the seed, `func invoke` with the captured
@@ -370,18 +388,7 @@ def main_knative() -> int:
         shown_up(stack, started)
         print(f"    Knative ready in {stack.knative_seconds:.1f}s, Traefik in {stack.traefik_seconds:.1f}s; func deploy: "
               + ", ".join(f"{name} Ready in {seconds:.1f}s" for name, seconds in stack.func_seconds.items()))
-        step(f"kn service list -n {NAMESPACE}   (bind and mutate, created by func deploy; cluster-local URLs)")
-        print(kn.kn(stack.cp, "service", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kn revision list -n {NAMESPACE}")
-        print(kn.kn(stack.cp, "revision", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kn route list -n {NAMESPACE}   (Ready: Traefik has programmed their KIngresses)")
-        print(kn.kn(stack.cp, "route", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kn source ping list -n {NAMESPACE}   (the resync, from the chart)")
-        print(kn.kn(stack.cp, "source", "ping", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kubectl get apiserversources -n {NAMESPACE}   (kn source apiserver list panics on a matchLabels"
-             " selector: an upstream bug, docs/try-it.md)")
-        print(stack.cp.kubectl("get", "apiserversources", "-n", NAMESPACE, "-o", "custom-columns=NAME:.metadata.name,"
-                               "SINK:.status.sinkUri,READY:.status.conditions[?(@.type=='Ready')].status").stdout, end="")
+        shown_knative_listings(stack, "created by func deploy", "from the chart")
         step("What func deploy wrote, beside what the chart renders with the same values (a server-side dry run):"
              " each difference and why; none unexplained")
         for name in ("bind", "mutate"):
@@ -452,23 +459,12 @@ def main_knative_zero() -> int:
         for namespace in (*knative.NAMESPACES, traefik.NAMESPACE):
             step(f"kubectl get pods -n {namespace} -o wide   (Knative's components and its networking layer, as pods)")
             print(stack.cp.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout, end="")
-        step(f"kn service list -n {NAMESPACE}   (bind and mutate, Knative Services; cluster-local URLs)")
-        print(kn.kn(stack.cp, "service", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kn route list -n {NAMESPACE}   (Ready: Traefik has programmed their KIngresses)")
-        print(kn.kn(stack.cp, "route", "list", "-n", NAMESPACE).stdout, end="")
         step(f"kubectl get kingress -n {NAMESPACE}   (the KIngresses Traefik reconciled, behind privtraefik)")
         print(stack.cp.kubectl("get", "ingresses.networking.internal.knative.dev", "-n", NAMESPACE, "-o",
                                "custom-columns=NAME:.metadata.name,CLASS:.metadata.annotations.networking\\.knative\\.dev/ingress\\.class,"
                                "READY:.status.conditions[?(@.type=='Ready')].status,"
                                "PRIVATE:.status.privateLoadBalancer.ingress[0].domainInternal").stdout, end="")
-        step(f"kn revision list -n {NAMESPACE}")
-        print(kn.kn(stack.cp, "revision", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kn source ping list -n {NAMESPACE}   (the resync: every 5 minutes at min-scale 0)")
-        print(kn.kn(stack.cp, "source", "ping", "list", "-n", NAMESPACE).stdout, end="")
-        step(f"kubectl get apiserversources -n {NAMESPACE}   (kn source apiserver list panics on a matchLabels"
-             " selector: an upstream bug, localcp/kn.py)")
-        print(stack.cp.kubectl("get", "apiserversources", "-n", NAMESPACE, "-o", "custom-columns=NAME:.metadata.name,"
-                               "SINK:.status.sinkUri,READY:.status.conditions[?(@.type=='Ready')].status").stdout, end="")
+        shown_knative_listings(stack, "the chart's", "every 5 minutes at min-scale 0")
         step("Waiting for bind to scale to zero (min-scale 0, window 10 s): no bind pod at all, terminating ones included")
         began = time.monotonic()
         stack.wait_for(lambda: not bind_pods(stack), 300, "bind at zero", interval=1)

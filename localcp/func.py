@@ -13,7 +13,6 @@ configuration goes to the work directory too (XDG_CONFIG_HOME), never to the use
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -59,26 +58,11 @@ def image_name() -> str:
 
 
 def image() -> images.Image:
-    """The binary as an image on Knative's images' base (its nonroot user), cached by the binary."""
+    """The binary as an image on Knative's images' base (its nonroot user), cached by the binary.
+    func keeps its configuration and caches under HOME and XDG_CONFIG_HOME: /tmp, an emptyDir."""
     if not binary().is_file():
         raise ProcessFailed(f"func is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
-    stat = binary().stat()
-    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), "knative-base", image_name(), stat.st_size,
-                                     stat.st_mtime_ns]).encode()).hexdigest()
-    target = images.IMAGES / f"func-{key[:20]}.tar"
-    if target.exists():
-        return images.Image(image_name(), target)
-    config = {"Entrypoint": ["/ko-app/func"], "User": knative.NONROOT, "WorkingDir": "/",
-              "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", "HOME=/tmp", "XDG_CONFIG_HOME=/tmp"]}
-    base = images._layer(knative.BASE_FILES)
-    images.IMAGES.mkdir(parents=True, exist_ok=True)
-    layer = images.IMAGES / f"func-{key[:20]}.layer"
-    with open(layer, "wb") as out:
-        images._write_layer(out, [("/ko-app/func", binary(), 0o755, None)])
-    try:
-        return images.write_oci_archive(target, image_name(), [base, layer], config)
-    finally:
-        layer.unlink()
+    return knative.binary_image(image_name(), binary(), env=("HOME=/tmp", "XDG_CONFIG_HOME=/tmp"))
 
 
 def ensure_built() -> None:

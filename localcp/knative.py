@@ -117,6 +117,25 @@ def knative_images() -> list[images.Image]:
     return [images.Image(image.name, image.archive, unpack=False) for image in built]
 
 
+def binary_image(name: str, binary: Path, env: tuple[str, ...] = ("HOME=/nonexistent",)) -> images.Image:
+    """One static binary (Traefik, func) as an image on Knative's images' base, laid out as ko lays
+    it out (/ko-app/<binary>, run as NONROOT), in an archive of its own cached by the binary."""
+    stat = binary.stat()
+    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), "knative-base", name, stat.st_size,
+                                     stat.st_mtime_ns, list(env)]).encode()).hexdigest()
+    target = images.IMAGES / f"{binary.name}-{key[:20]}.tar"
+    if target.exists():
+        return images.Image(name, target)
+    config = {"Entrypoint": [f"/ko-app/{binary.name}"], "User": NONROOT, "WorkingDir": "/",
+              "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", *env]}
+    images.IMAGES.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=images.IMAGES) as tmp:
+        layer = Path(tmp) / f"{binary.name}.layer"
+        with open(layer, "wb") as out:
+            images._write_layer(out, [(f"/ko-app/{binary.name}", binary, 0o755, None)])
+        return images.write_oci_archive(target, name, [images._layer(BASE_FILES), layer], config)
+
+
 # -- the release configuration -------------------------------------------------------------------
 KIND_ORDER = ("Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "Role",
               "ClusterRoleBinding", "RoleBinding", "ConfigMap", "Secret", "Service")

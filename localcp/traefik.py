@@ -16,7 +16,6 @@ that builds here (Kourier, Istio, Contour and net-gateway-api need Envoy or modu
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import subprocess
 import time
@@ -59,26 +58,10 @@ def image_name() -> str:
 
 
 def image() -> images.Image:
-    """The binary as an image, in an archive of its own (cached by the binary)."""
+    """The binary as an image on Knative's images' base (cached by the binary)."""
     if not built():
         raise ProcessFailed(f"Traefik is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
-    stat = binary().stat()
-    key = hashlib.sha256(json.dumps([images.FORMAT, images._architecture(), "knative-base", image_name(), stat.st_size,
-                                     stat.st_mtime_ns]).encode()).hexdigest()
-    target = images.IMAGES / f"traefik-{key[:20]}.tar"
-    config = {"Entrypoint": ["/ko-app/traefik"], "User": NONROOT, "WorkingDir": "/",
-              "Env": [f"PATH=/ko-app:{images.DEFAULT_PATH}", "HOME=/nonexistent"]}
-    if target.exists():
-        return images.Image(image_name(), target)
-    base = images._layer(knative.BASE_FILES)  # Knative's images' base: the same nonroot user
-    images.IMAGES.mkdir(parents=True, exist_ok=True)
-    layer = images.IMAGES / f"traefik-{key[:20]}.layer"
-    with open(layer, "wb") as out:
-        images._write_layer(out, [("/ko-app/traefik", binary(), 0o755, None)])
-    try:
-        return images.write_oci_archive(target, image_name(), [base, layer], config)
-    finally:
-        layer.unlink()
+    return knative.binary_image(image_name(), binary())
 
 
 def manifests() -> list[dict]:
