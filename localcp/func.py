@@ -38,6 +38,7 @@ def _load_check():
 class FuncYamlRefused(ProcessFailed):
     """A func.yaml the chart refuses: chart/func_yaml.py's refusals, each naming its line."""
 
+
 BUILD_SCRIPT = REPO / "localcp" / "build-func.sh"
 func_yaml_check = _load_check()
 FUNCTIONS = REPO / "functions"
