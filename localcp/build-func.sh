@@ -16,15 +16,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 # shellcheck source=localcp/gomodule.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gomodule.sh"
 : "${GPU_SCHEDULER_FUNC:?}"
-CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
-DIR="$CACHE/func-$GPU_SCHEDULER_FUNC"
-BIN="$DIR/bin/func"
 MODULE=knative.dev/func
 
-if [ "${1:-}" = --path ]; then echo "$BIN"; exit 0; fi
-log() { echo "func: $*"; }
-if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
-command -v go >/dev/null || { log "go is required"; exit 1; }
+cached_program func "$GPU_SCHEDULER_FUNC" "${1:-}"
 
 start=$SECONDS
 own_module "$DIR" func "$MODULE" "$GPU_SCHEDULER_FUNC"

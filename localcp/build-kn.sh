@@ -15,15 +15,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 # shellcheck source=localcp/gomodule.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gomodule.sh"
 : "${GPU_SCHEDULER_KN:?}"
-CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
-DIR="$CACHE/kn-$GPU_SCHEDULER_KN"
-BIN="$DIR/bin/kn"
 MODULE=knative.dev/client
 
-if [ "${1:-}" = --path ]; then echo "$BIN"; exit 0; fi
-log() { echo "kn: $*"; }
-if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
-command -v go >/dev/null || { log "go is required"; exit 1; }
+cached_program kn "$GPU_SCHEDULER_KN" "${1:-}"
 
 start=$SECONDS
 own_module "$DIR" kn "$MODULE" "$GPU_SCHEDULER_KN"

@@ -21,15 +21,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 # shellcheck source=localcp/gomodule.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gomodule.sh"
 : "${GPU_SCHEDULER_TRAEFIK:?}"
-CACHE="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}"
-DIR="$CACHE/traefik-$GPU_SCHEDULER_TRAEFIK"
-BIN="$DIR/bin/traefik"
 MODULE=github.com/traefik/traefik/v3
 
-if [ "${1:-}" = --path ]; then echo "$BIN"; exit 0; fi
-log() { echo "traefik: $*"; }
-if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
-command -v go >/dev/null || { log "go is required"; exit 1; }
+cached_program traefik "$GPU_SCHEDULER_TRAEFIK" "${1:-}"
 
 start=$SECONDS
 own_module "$DIR" traefik "$MODULE" "$GPU_SCHEDULER_TRAEFIK"

@@ -12,7 +12,6 @@ configuration goes to the work directory too (XDG_CONFIG_HOME), never to the use
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from . import images, knative
 from .cluster import REPO, ControlPlane, ProcessFailed
+from .goprogram import CachedProgram
 
 
 def _load_check():
@@ -39,19 +39,10 @@ class FuncYamlRefused(ProcessFailed):
     """A func.yaml the chart refuses: chart/func_yaml.py's refusals, each naming its line."""
 
 
-BUILD_SCRIPT = REPO / "localcp" / "build-func.sh"
+PROGRAM = CachedProgram("func")
+binary, version, ensure_built = PROGRAM.binary, PROGRAM.version, PROGRAM.ensure_built
 func_yaml_check = _load_check()
 FUNCTIONS = REPO / "functions"
-
-
-@functools.cache
-def binary() -> Path:
-    return Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
-                               check=True).stdout.strip())
-
-
-def version() -> str:
-    return binary().parent.parent.name.removeprefix("func-")
 
 
 def image_name() -> str:
@@ -61,14 +52,7 @@ def image_name() -> str:
 def image() -> images.Image:
     """The binary as an image on Knative's images' base (its nonroot user), cached by the binary.
     func keeps its configuration and caches under HOME and XDG_CONFIG_HOME: /tmp, an emptyDir."""
-    if not binary().is_file():
-        raise ProcessFailed(f"func is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
-    return knative.binary_image(image_name(), binary(), env=("HOME=/tmp", "XDG_CONFIG_HOME=/tmp"))
-
-
-def ensure_built() -> None:
-    if not binary().is_file():
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+    return knative.binary_image(image_name(), PROGRAM.required(), env=("HOME=/tmp", "XDG_CONFIG_HOME=/tmp"))
 
 
 def function_copy(cp: ControlPlane, name: str, func_yaml: str | None = None, copy: str = "") -> Path:
@@ -87,13 +71,12 @@ def function_copy(cp: ControlPlane, name: str, func_yaml: str | None = None, cop
 def func(cp: ControlPlane, *args: str, check: bool = True, timeout: float = 300,
          kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
     """func ARGS... with the stack's kubeconfig (or another: kubeconfig)."""
-    if not binary().is_file():
-        raise ProcessFailed(f"func is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
+    program = PROGRAM.required()
     config = cp.workdir / "func-config"
     config.mkdir(exist_ok=True)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig or cp.kubeconfig), "XDG_CONFIG_HOME": str(config),
            "FUNC_VERBOSE": "false"}
-    done = subprocess.run([str(binary()), *args], capture_output=True, text=True, env=env, timeout=timeout,
+    done = subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     if check and done.returncode != 0:
         raise ProcessFailed(f"func {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")

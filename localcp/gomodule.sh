@@ -1,7 +1,22 @@
 # shellcheck shell=bash
-# Sourced by localcp/build-traefik.sh and localcp/build-kn.sh: a Go program built from a module of
-# our own that requires the upstream one at an exact version (the module proxy serves exact
-# versions, not version lists, so `go install pkg@version` fails), with upstream's go.sum.
+# Sourced by localcp/build-traefik.sh, localcp/build-kn.sh and localcp/build-func.sh: a Go program
+# built from a module of our own that requires the upstream one at an exact version (the module
+# proxy serves exact versions, not version lists, so `go install pkg@version` fails), with
+# upstream's go.sum.
+
+# cached_program NAME VERSION [--path]: DIR (the cache's NAME-VERSION) and BIN (DIR/bin/NAME) set;
+# with --path, BIN printed and the script ends; the script ends too when BIN is built already; go
+# is required otherwise. Sets PROGRAM, which log's lines begin with.
+cached_program() {
+  PROGRAM=$1
+  DIR="${GPU_SCHEDULER_CACHE:-$HOME/.cache/gpu-scheduler}/$1-$2"
+  BIN="$DIR/bin/$1"
+  if [ "${3:-}" = --path ]; then echo "$BIN"; exit 0; fi
+  if [ -x "$BIN" ]; then log "cached: $BIN"; exit 0; fi
+  command -v go >/dev/null || { log "go is required"; exit 1; }
+}
+
+log() { echo "$PROGRAM: $*"; }
 
 # own_module DIR NAME MODULE VERSION: DIR/module, a new module gpu-scheduler.local/NAME-build that
 # requires MODULE@VERSION with its go.sum, made the current directory; sets SRC to the upstream

@@ -8,31 +8,18 @@ index past its length. The stack shows that source with kubectl instead.
 """
 from __future__ import annotations
 
-import functools
 import subprocess
-from pathlib import Path
 
-from .cluster import REPO, ControlPlane, ProcessFailed
+from .cluster import ControlPlane, ProcessFailed
+from .goprogram import CachedProgram
 
-BUILD_SCRIPT = REPO / "localcp" / "build-kn.sh"
-
-
-@functools.cache
-def binary() -> Path:
-    return Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
-                               check=True).stdout.strip())
-
-
-def ensure_built() -> None:
-    if not binary().is_file():
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+PROGRAM = CachedProgram("kn")
+binary, ensure_built = PROGRAM.binary, PROGRAM.ensure_built
 
 
 def kn(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """kn ARGS... with the stack's kubeconfig."""
-    if not binary().is_file():
-        raise ProcessFailed(f"kn is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
-    done = subprocess.run([str(binary()), *args, "--kubeconfig", str(cp.kubeconfig)], capture_output=True, text=True)
+    done = subprocess.run([str(PROGRAM.required()), *args, "--kubeconfig", str(cp.kubeconfig)], capture_output=True, text=True)
     if check and done.returncode != 0:
         raise ProcessFailed(f"kn {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
     return done

@@ -276,15 +276,19 @@ class LocalStack:
             raise ProcessFailed(f"helm {' '.join(args)}: {done.stderr.strip()}")
         return done
 
+    def _release_values(self) -> tuple[str, ...]:
+        """The release's values, as `helm install` arguments: runtime knative, the stack's values,
+        a func user's (deployed_by_func), then knative_values."""
+        by_func = ("-f", str(FUNC_VALUES)) if self.deployed_by_func else ()
+        return ("--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *by_func, *self.knative_values)
+
     def install_release(self, timeout: float = 240) -> None:
         """The chart on Knative, as a user installs it (helm install, runtime knative, with
         localcp/knative-values.yaml), ready: see knative_not_ready. deployed_by_func: the chart
         without the two Knative Services, then `func deploy` of each (self.func_seconds: how long
         each took, func waiting for its Service to be Ready)."""
-        by_func = ("-f", str(FUNC_VALUES)) if self.deployed_by_func else ()
         self.helm("install", RELEASE, str(REPO / "chart" / "gpu-scheduler"), "--namespace", incluster.NAMESPACE,
-                  "--create-namespace", "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *by_func,
-                  *self.knative_values)
+                  "--create-namespace", *self._release_values())
         self.func_seconds: dict[str, float] = {}
         if self.deployed_by_func:
             for name in ("mutate", "bind"):  # mutate first: the chart's webhook already names it
@@ -302,10 +306,8 @@ class LocalStack:
         """The Knative Service `name` as the chart renders it with this stack's values
         (functionsDeployedBy chart), kept as the API server and Knative's defaulting webhook would
         keep it (a server-side dry run, under the name <name>-chart: `name` may exist)."""
-        by_func = ("-f", str(FUNC_VALUES)) if self.deployed_by_func else ()
         rendered = self.helm("template", RELEASE, str(REPO / "chart" / "gpu-scheduler"), "--namespace",
-                             incluster.NAMESPACE, "--set", "runtime=knative", "-f", str(KNATIVE_VALUES), *by_func,
-                             *self.knative_values, "--set", "functionsDeployedBy=chart").stdout
+                             incluster.NAMESPACE, *self._release_values(), "--set", "functionsDeployedBy=chart").stdout
         [service] = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Service"
                      and d["apiVersion"].startswith("serving.knative.dev/") and d["metadata"]["name"] == name]
         service["metadata"]["name"] = f"{name}-chart"

@@ -15,42 +15,22 @@ that builds here (Kourier, Istio, Contour and net-gateway-api need Envoy or modu
 """
 from __future__ import annotations
 
-import functools
 import json
-import subprocess
 import time
-from pathlib import Path
 
 import yaml
 
 from . import images, knative
 from .cluster import REPO, ControlPlane, ProcessFailed
+from .goprogram import CachedProgram
 
-BUILD_SCRIPT = REPO / "localcp" / "build-traefik.sh"
 MANIFEST = REPO / "localcp" / "traefik.yaml"
 NAMESPACE = "traefik"
 INGRESS_CLASS = "traefik.ingress.networking.knative.dev"
 NONROOT = knative.NONROOT
 IMAGE_PLACEHOLDER = "TRAEFIK_IMAGE"
-
-
-@functools.cache
-def binary() -> Path:
-    return Path(subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True,
-                               check=True).stdout.strip())
-
-
-def version() -> str:
-    return binary().parent.parent.name.removeprefix("traefik-")
-
-
-def built() -> bool:
-    return binary().is_file()
-
-
-def ensure_built() -> None:
-    if not built():
-        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+PROGRAM = CachedProgram("traefik")
+binary, version, built, ensure_built = PROGRAM.binary, PROGRAM.version, PROGRAM.built, PROGRAM.ensure_built
 
 
 def image_name() -> str:
@@ -59,9 +39,7 @@ def image_name() -> str:
 
 def image() -> images.Image:
     """The binary as an image on Knative's images' base (cached by the binary)."""
-    if not built():
-        raise ProcessFailed(f"Traefik is not built: bash {BUILD_SCRIPT.relative_to(REPO)}")
-    return knative.binary_image(image_name(), binary())
+    return knative.binary_image(image_name(), PROGRAM.required())
 
 
 def manifests() -> list[dict]:
