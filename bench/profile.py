@@ -63,10 +63,9 @@ LAYERS = [
 ]
 
 
-def record(pid: int, name: str, out: Path, rate: int):
-    """Start py-spy on pid and its children; returns a stop() that ends it and writes the files."""
-    out.mkdir(parents=True, exist_ok=True)
-    raw = out / f"{name}.raw.txt"
+def record_raw(pid: int, rate: int, raw: Path):
+    """Start py-spy on pid and its children; returns a stop() that ends it and returns its raw
+    (collapsed) samples."""
     # --gil: only the thread holding the GIL, i.e. where the function spends Python CPU. (Without
     # it, py-spy on this machine counts threads blocked in epoll or a queue as running.)
     spy = subprocess.Popen([PY_SPY, "record", "--pid", str(pid), "--subprocesses", "--rate", str(rate),
@@ -74,16 +73,27 @@ def record(pid: int, name: str, out: Path, rate: int):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attaches
 
-    def stop() -> None:
+    def stop() -> str:
         spy.send_signal(signal.SIGINT)
         try:
             spy.wait(30)
         except subprocess.TimeoutExpired:
             spy.kill()
         text = raw.read_text() if raw.exists() else ""
+        raw.unlink(missing_ok=True)
+        return text
+    return stop
+
+
+def record(pid: int, name: str, out: Path, rate: int):
+    """Start py-spy on pid and its children; returns a stop() that ends it and writes the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    stop_raw = record_raw(pid, rate, out / f"{name}.raw.txt")
+
+    def stop() -> None:
+        text = stop_raw()
         (out / f"{name}.txt").write_text(summarize(text))
-        (out / f"{name}.speedscope.json").write_text(json.dumps(speedscope(text, name)))
-        raw.unlink(missing_ok=True)  # the speedscope file holds the same samples
+        (out / f"{name}.speedscope.json").write_text(json.dumps(speedscope(text, name)))  # the same samples
     return stop
 
 
@@ -280,3 +290,82 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- where bind's CPU per placement goes (issue 62) ------------------------------------------------
+# kubeapi.client's calls that write: a sample under one of them is that write's, whatever it is
+# doing (encoding, TLS, reading the answer), so each write's whole cost is one row.
+WRITES = ("bind", "create_lease", "update_lease", "delete_lease", "create_event", "patch_event", "read_event",
+          "patch_pod_status", "create_resource_claim", "update_resource_claim", "update_resource_claim_status")
+# bind's own modules appear by their file name alone (functions-framework imports main.py from
+# its folder, which puts that folder on sys.path).
+BIND = ("placer.py", "handle.py", "cache.py", "views.py", "eventhandlers.py", "informers.py", "recorder.py",
+        "schedqueue.py", "main.py", "advertiser.py", "config.py", "metrics.py")
+# The rest by the innermost frame that names a part (the first match in this order wins for it).
+PARTS = [
+    ("decode (msgspec, projections)", ("kubeapi/projection.py", "msgspec")),
+    ("logging (jsonlog)", ("logging/", "serving/jsonlog.py")),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("the cycle (framework, plugins, core)", ("gpu_scheduler/",)),
+    ("views: cache, event handlers, informers", ("(cache.py", "(views.py", "(eventhandlers.py", "(informers.py")),
+    ("queue", ("(schedqueue.py",)),
+    ("Event recorder (own code)", ("(recorder.py",)),
+    ("placer and handle (own code)", ("(placer.py", "(handle.py")),
+    ("HTTP: reads and watches (kubeapi, http.client, ssl, socket)",
+     ("kubeapi/", "http/client.py", "ssl.py", "socket.py", "selectors.py", "urllib3/")),
+    ("request handling (gunicorn, flask, functions-framework, cloudevents, bind's main)",
+     ("gunicorn/", "werkzeug/", "flask/", "functions_framework/", "cloudevents/", "(main.py", "serving/")),
+    ("json (stdlib)", ("json/",)),
+]
+# What a thread is, by the function it runs (the outermost frame that names one)
+THREADS = [
+    ("placer workers (the cycle, the Binding, the record)", ("Placer._work (",)),
+    ("informers (watches of pods, nodes, records)", ("Informer._run (",)),
+    ("event recorder (Events, conditions)", ("Recorder._run (", "Recorder._write_later (")),
+    # gunicorn's gthread worker answers requests from a ThreadPoolExecutor of its own: before the
+    # placer's pool, which is one too
+    ("requests (events, pings, probes)", ("gunicorn/workers/",)),
+    ("a gang's Bindings side by side", ("_worker (concurrent/futures/thread.py",)),
+    ("sweeper, records check", ("Placer._sweep_forever", "Placer._check_records_forever")),
+]
+
+
+def breakdown(raw: str) -> dict[str, dict[str, int]]:
+    """py-spy's raw samples (recorded with --gil) by thread kind and by part: {thread: {part: n}}."""
+    table: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = [_short(f) for f in _frames(stack)]
+        if not frames:
+            continue
+        thread = next((label for label, keys in THREADS if any(k in f for f in frames for k in keys)), "other")
+        write = next((f.split(" (")[0].rpartition(".")[2] for f in frames if "(kubeapi/client.py" in f
+                      and f.split(" (")[0].rpartition(".")[2] in WRITES), None)
+        if write:
+            part = f"write: {write}"
+        else:
+            part = "other (interpreter, threading, stdlib)"
+            for frame in reversed(frames):
+                hit = next((label for label, keys in PARTS if any(k in frame for k in keys)), None)
+                if hit:
+                    part = hit
+                    break
+        table[thread][part] += int(count)
+    return {thread: dict(parts) for thread, parts in table.items()}
+
+
+def breakdown_rows(table: dict[str, dict[str, int]], cpu_ms_per_placement: float) -> list[str]:
+    """The breakdown as shares and as ms of the measured CPU per placement (the samples' shares of
+    it: py-spy counts the thread holding the GIL, /proc counts the CPU)."""
+    parts: collections.Counter = collections.Counter()
+    for counts in table.values():
+        parts.update(counts)
+    samples = sum(parts.values()) or 1
+    rows = [f"  {n / samples:6.1%}  {n / samples * cpu_ms_per_placement:5.2f} ms  {part}"
+            for part, n in parts.most_common()]
+    rows.append("  by thread:")
+    rows += [f"  {sum(c.values()) / samples:6.1%}  {sum(c.values()) / samples * cpu_ms_per_placement:5.2f} ms  {thread}"
+             for thread, c in sorted(table.items(), key=lambda kv: -sum(kv[1].values()))]
+    return rows
