@@ -46,6 +46,7 @@ class SchedulingQueue:
         self._outcomes: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
         self._done_count = itertools.count()
         self._seq = itertools.count()
+        self._gauges()
 
     # -- what the views and the event path call ------------------------------------------------
     def add(self, uid: str) -> None:
@@ -67,7 +68,6 @@ class SchedulingQueue:
             self._attempts.pop(uid, None)
             if uid in self._in_active:
                 self._in_active.discard(uid)  # left in the heap, skipped when popped
-            self._gauges()
 
     def cluster_event(self, event: tuple[str, str], node: str) -> None:
         """A cluster event on `node`: the unschedulable pods whose refusal it may undo move on,
@@ -90,7 +90,6 @@ class SchedulingQueue:
             self._unschedulable.pop(uid, None)
             self._backoff_at.pop(uid, None)
             self._attempts[uid] = self._attempts.get(uid, 0) + 1
-            self._gauges()
             return True
 
     def moves(self) -> int:
@@ -121,7 +120,6 @@ class SchedulingQueue:
                 self._after_backoff(uid, jitter)
             else:
                 self._attempts.pop(uid, None)
-            self._gauges()
 
     def done(self, uid: str, outcome: dict[str, Any], refused: Refused | None = None, retry: bool = False,
              jitter: bool = False) -> None:
@@ -141,7 +139,6 @@ class SchedulingQueue:
                 self._after_backoff(uid, jitter)
             else:
                 self._attempts.pop(uid, None)
-            self._gauges()
             self._cond.notify_all()
 
     def outcome_after(self, uid: str, mark: int | None, timeout: float) -> dict[str, Any] | None:
@@ -182,7 +179,6 @@ class SchedulingQueue:
                         self._in_flight.add(uid)
                         self._began[uid] = self._moves
                         self._attempts[uid] = self._attempts.get(uid, 0) + 1
-                        self._gauges()
                         return uid
                 wait = deadline - now
                 if self._backoff:
@@ -203,7 +199,6 @@ class SchedulingQueue:
         if uid not in self._in_active:
             self._in_active.add(uid)
             heapq.heappush(self._active, (*active_order(self._seed, uid, time.monotonic()), next(self._seq), uid))
-        self._gauges()
         self._cond.notify()
 
     def _after_backoff(self, uid: str, jitter: bool = False) -> None:
@@ -211,7 +206,6 @@ class SchedulingQueue:
         ready = time.monotonic() + (jittered(seconds, random.random()) if jitter else seconds)
         self._backoff_at[uid] = ready
         heapq.heappush(self._backoff, (ready, next(self._seq), uid))
-        self._gauges()
         self._cond.notify()
 
     def _flush_unschedulable(self, now: float) -> None:
@@ -221,9 +215,11 @@ class SchedulingQueue:
             self._activate(uid)
 
     def _gauges(self) -> None:
-        PENDING_PODS.labels("active").set(len(self._in_active))
-        PENDING_PODS.labels("backoff").set(len(self._backoff_at))
-        PENDING_PODS.labels("unschedulable").set(len(self._unschedulable))
+        """The pending-pod gauges read the queue when scraped, not at each move: a placement moves
+        a pod several times, and setting three gauges at each move cost more than the move."""
+        PENDING_PODS.labels("active").set_function(lambda: len(self._in_active))
+        PENDING_PODS.labels("backoff").set_function(lambda: len(self._backoff_at))
+        PENDING_PODS.labels("unschedulable").set_function(lambda: len(self._unschedulable))
 
     def sizes(self) -> dict[str, int]:
         with self._cond:
