@@ -231,7 +231,11 @@ def annotation_patch(pod: Mapping[str, Any], written: Mapping[str, str]) -> list
 
 
 def label_patch(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The operation adding the label the event source selects on; empty when it is there."""
+    """The operation adding the label the event source selects on; empty when it is there, and
+    for a pod another scheduler places: bind never acts on such a pod, and each of its events
+    (created, bound, every status change) would cost bind an answer (docs/performance.md, issue 62)."""
+    if spec(pod).get("schedulerName") != SCHEDULER_NAME:
+        return []
     labels = metadata(pod).get("labels")
     if not isinstance(labels, dict):
         return [{"op": "add", "path": "/metadata/labels", "value": {MANAGED_LABEL: MANAGED_VALUE}}]

@@ -405,7 +405,17 @@ def test_other_scheduler_and_unknown_index_gives_both_warnings():
         SCHEDULER_WARNING,
         "gpu-scheduler: pod index 9 has no entry in the gpu-scheduling-map annotation (entries: 0, 1, 2, 3, 4);"
         " CUDA_VISIBLE_DEVICES not set")
-    assert decision.reason == "NoMapEntry" and list(decision.patch) == LABEL_ONLY
+    assert decision.reason == "NoMapEntry" and list(decision.patch) == []
+
+
+@pytest.mark.parametrize("scheduler", [None, "default-scheduler"])
+def test_another_schedulers_pod_is_not_labelled_for_the_event_source(scheduler):
+    """The label is what the ApiServerSource selects: a pod bind never places would cost bind an
+    answer for each of its events (issue 62)."""
+    _, _, patched = admit(make_pod("web-1", scheduler=scheduler))
+    assert MANAGED not in (patched["metadata"].get("labels") or {})
+    _, _, ours = admit(make_pod("web-1"))
+    assert ours["metadata"]["labels"][MANAGED] == "true"
 
 
 @pytest.mark.parametrize("pod", [
