@@ -222,3 +222,16 @@ def test_logs_are_json_lines_with_pod_decision_and_latency(stack, namespace):
     admission = [e for e in entries("mutate") if e.get("pod") == pod]
     assert admission[0]["decision"] == "Placed" and admission[0]["allowed"] is True
     assert admission[0]["latency_ms"] >= 0
+
+
+def test_a_pod_bind_does_not_place_sends_bind_no_event(stack, namespace):
+    """mutate labels only the pods bind places (spec.schedulerName gpu-scheduler), so the
+    ApiServerSource sends bind nothing about a pod with a map that another scheduler places: each
+    of its events (created, bound, every status change) cost bind an answer (issue 62)."""
+    stack.apply(pod_manifest(namespace, "no-events-theirs-0", "0=node1:0\n", scheduler="nobody"))
+    stack.apply(pod_manifest(namespace, "no-events-ours-0", "0=node1:0\n"))
+    stack.wait_for(lambda: ("add", "no-events-ours-0") in stack.source.sent, 30, "the add event of ours")
+    # The adapter sends in its watch's order: an event of theirs, created first, would be here by now.
+    assert [sent for sent in stack.source.sent if sent[1] == "no-events-theirs-0"] == []
+    [theirs] = [p for p in stack.pods(namespace) if p["metadata"]["name"] == "no-events-theirs-0"]
+    assert "gpu-scheduler/managed" not in (theirs["metadata"].get("labels") or {})
