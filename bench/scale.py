@@ -575,6 +575,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                                            if scheduler == "kube-scheduler" else {})})
         figures["status_update_cpu_ms"]["kube-scheduler"] = status_updates(api, cpu, "kube-scheduler", probed)
         peaks = {"bind": peak_rss_mb(pids["bind"])}  # before it stops
+        source.tap.paused = True  # no bind to answer until bind before is up: the events meanwhile are dropped
         binds.stop(name, pods_deleted=False)
         name = ""
         # The runs' pods deleted (no kubelet would finish a graceful deletion): the GPUs and the
@@ -591,6 +592,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
             name, url = before_bind
             pids["bind before"] = stack.cp.processes[name].pid
             source.to(url)
+            source.tap.paused = False
 
             def cpu_before() -> dict[str, float]:
                 return {"bind before": profile.cpu_seconds(pids["bind before"])}
