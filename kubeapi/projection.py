@@ -148,6 +148,7 @@ class Decoder:
     alike (the Binding's retry compares the pod read after a conflict with the one decided on)."""
 
     def __init__(self, object_type: type, event_type: type, list_type: type):
+        self._type = object_type
         self._object = msgspec.json.Decoder(object_type)
         self._event = msgspec.json.Decoder(event_type)
         self._listing = msgspec.json.Decoder(list_type)
@@ -171,6 +172,15 @@ class Decoder:
             return self._listing.decode(body)
         except msgspec.DecodeError:
             return json.loads(body)
+
+    def project(self, value: Any) -> Any:
+        """An object already decoded in full (a structured-mode CloudEvent's data), projected as
+        object() would have decoded its JSON: the same dicts, holding only the declared keys;
+        anything not shaped like the kind is returned as it is."""
+        try:
+            return msgspec.convert(value, self._type)
+        except msgspec.ValidationError:
+            return value
 
 
 PODS = Decoder(Pod, PodEvent, PodList)

@@ -22,6 +22,7 @@ from flask import Request
 from authn import SinkAuthenticator, Unavailable
 from gpu_scheduler.binding import PING, POD_EVENTS, EventError, check_pod, event_type_label
 from gpu_scheduler.schedmap import shown
+from kubeapi.projection import PODS
 from placer import Placer
 from serving import draining, fastpath, jsonlog
 from serving.sinkauth import Unauthenticated
@@ -129,7 +130,9 @@ def _on_event(event: CloudEvent):
         outcome = placer.resync()
     elif kind in POD_EVENTS:
         try:
-            pod = check_pod(event.data)
+            # Projected as on the fast path (a no-op there), so both paths judge the same pod: a
+            # field bind does not read is not read, however it nests.
+            pod = check_pod(PODS.project(event.data))
         except EventError as error:
             return _reply(400, kind, error=f"malformed {kind} event {shown(event['id'])}: {error}")
         outcome = placer.place_event(pod)
@@ -163,7 +166,9 @@ def _binary_event(environ: dict, raw: bytes) -> CloudEvent | None:
                 return None
             attributes[name] = value
     try:
-        data = json.loads(raw)
+        # A pod event's pod decoded into only what bind reads (kubeapi/projection.py): its managed
+        # fields, statuses and volumes, skipped in C, were a third of bind's CPU per event.
+        data = PODS.object(raw) if attributes["type"] in POD_EVENTS else json.loads(raw)
     except (ValueError, RecursionError):  # from_http's path says what is wrong with it
         return None
     return CloudEvent(attributes, data)
