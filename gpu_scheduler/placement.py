@@ -37,12 +37,12 @@ class NotPlaceable(Exception):
 
 def metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return meta if type(meta) is dict or isinstance(meta, Mapping) else {}  # dict first: shapes.as_map
 
 
 def spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     value = pod.get("spec")
-    return value if isinstance(value, Mapping) else {}
+    return value if type(value) is dict or isinstance(value, Mapping) else {}
 
 
 def map_text(pod: Mapping[str, Any]) -> str | None:
