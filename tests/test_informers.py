@@ -94,7 +94,8 @@ def test_a_failed_listing_is_retried_with_backoff_and_then_relisted_whole(monkey
     thread = threading.Thread(target=made._run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
-    while len(view.listings) < 2 and time.monotonic() < deadline:
+    # the second watch is asked for after the second listing: wait for both, not the listing alone
+    while (len(view.listings) < 2 or len(made.calls["watch_from"]) < 2) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert view.listings[:2] == [["a"], ["b"]]  # the outage, then a listing after each 410
     assert made.calls["watch_from"][:2] == ["20", "30"]
