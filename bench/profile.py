@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from localcp.cluster import REPO
 from localcp.cloudevents import Sender, cloudevent_headers
@@ -99,16 +100,31 @@ def record(pid: int, name: str, out: Path, rate: int):
     return stop
 
 
+def _samples(raw: str) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw (collapsed) lines as (frames, outermost first, each "fn (file)"; samples)."""
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            yield [_short(f) for f in _frames(stack)], int(count)
+
+
+def _innermost(frames: list[str], table: list[tuple[str, tuple[str, ...]]], otherwise: str) -> str:
+    """The label of the innermost frame that names one of `table`'s parts (the first in the table
+    for that frame), else `otherwise`."""
+    for frame in reversed(frames):
+        hit = next((label for label, keys in table if any(k in frame for k in keys)), None)
+        if hit:
+            return hit
+    return otherwise
+
+
 def speedscope(raw: str, name: str) -> dict:
     """py-spy's raw (collapsed) stacks as a speedscope "sampled" profile."""
     frames: dict[str, int] = {}
     samples, weights = [], []
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        samples.append([frames.setdefault(_short(f), len(frames)) for f in _frames(stack)])
-        weights.append(int(count))
+    for stack, count in _samples(raw):
+        samples.append([frames.setdefault(f, len(frames)) for f in stack])
+        weights.append(count)
     return {"$schema": "https://www.speedscope.app/file-format-schema.json", "name": name,
             "shared": {"frames": [{"name": f} for f in frames]},
             "profiles": [{"type": "sampled", "name": name, "unit": "none", "startValue": 0,
@@ -137,25 +153,14 @@ def summarize(raw: str, top: int = 30) -> str:
     own, total = collections.Counter(), collections.Counter()
     layers = collections.Counter()
     samples = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        n = int(count)
+    for frames, n in _samples(raw):
         samples += n
-        frames = [_short(f) for f in _frames(stack)]
         if not frames:
             continue
         own[frames[-1]] += n
         for f in set(frames):
             total[f] += n
-        layer = "other (interpreter, threading, imports)"
-        for frame in reversed(frames):
-            hit = next((label for label, keys in LAYERS if any(k in frame for k in keys)), None)
-            if hit:
-                layer = hit
-                break
-        layers[layer] += n
+        layers[_innermost(frames, LAYERS, "other (interpreter, threading, imports)")] += n
     lines = [f"samples (the thread holding the GIL): {samples}", "", "share of samples by innermost layer of the request path:"]
     lines += [f"  {n / samples:6.1%}  {label}" for label, n in layers.most_common()] if samples else []
     lines += ["", f"top {top} by self time:"]
@@ -335,26 +340,14 @@ THREADS = [
 def breakdown(raw: str) -> dict[str, dict[str, int]]:
     """py-spy's raw samples (recorded with --gil) by thread kind and by part: {thread: {part: n}}."""
     table: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        frames = [_short(f) for f in _frames(stack)]
+    for frames, count in _samples(raw):
         if not frames:
             continue
         thread = next((label for label, keys in THREADS if any(k in f for f in frames for k in keys)), "other")
-        write = next((f.split(" (")[0].rpartition(".")[2] for f in frames if "(kubeapi/client.py" in f
-                      and f.split(" (")[0].rpartition(".")[2] in WRITES), None)
-        if write:
-            part = f"write: {write}"
-        else:
-            part = "other (interpreter, threading, stdlib)"
-            for frame in reversed(frames):
-                hit = next((label for label, keys in PARTS if any(k in frame for k in keys)), None)
-                if hit:
-                    part = hit
-                    break
-        table[thread][part] += int(count)
+        calls = [f.split(" (")[0].rpartition(".")[2] for f in frames if "(kubeapi/client.py" in f]
+        write = next((call for call in calls if call in WRITES), None)
+        part = f"write: {write}" if write else _innermost(frames, PARTS, "other (interpreter, threading, stdlib)")
+        table[thread][part] += count
     return {thread: dict(parts) for thread, parts in table.items()}
 
 
