@@ -44,8 +44,7 @@ from kubeapi.client import MERGE_PATCH, Kube
 from kubeapi.kubeconfig import from_kubeconfig
 from localcp.cluster import free_port
 from localcp.cloudevents import Sender, ping_headers
-from localcp.adapter import EventTap, ReceiveAdapter
-from localcp.stack import BIND_ACCOUNT, SOURCE_ACCOUNT, LocalStack
+from localcp.stack import BIND_ACCOUNT, LocalStack
 
 BEFORE_REWRITE = "3efd3e2"  # main before bind's watch-fed queue and GPU Leases
 BEFORE = "fa0e197"  # main before issue 62 (CPU per placement): bind as it was, beside this tree's
@@ -463,27 +462,6 @@ def placed_pods(scheduler: str, slots: range, nodes: list[str], labelled_before:
     return pods
 
 
-class EventSource:
-    """Knative's real ApiServerSource receive adapter (localcp/adapter.py) delivering every event
-    of the placed pods to the bind being measured, as a cluster's does: what bind spends answering
-    them is part of its CPU per placement, and per pod it only hears about (issue 62: the
-    harness that counted them found 2.6 ms per pod where this bench, without them, found 0.6)."""
-
-    def __init__(self, stack: LocalStack, url: str):
-        self.tap = EventTap(url)
-        self.adapter = ReceiveAdapter(stack.cp, stack.api, self.tap, stack._account_kubeconfig(SOURCE_ACCOUNT))
-        self.adapter.start()
-
-    def to(self, url: str) -> None:
-        self.tap.sender = Sender(url, delays=())
-
-    def sent(self) -> int:
-        return len(self.tap.sent)
-
-    def stop(self) -> None:
-        self.adapter.stop()
-
-
 def quiet(cpu, seconds: float = 30) -> None:
     """Wait until the processes `cpu()` measures used under 50 ms in a second (at most `seconds`)."""
     deadline, last = time.perf_counter() + seconds, cpu()
@@ -520,7 +498,11 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
     samples = {"bind": "", "kube-scheduler": ""}
     name, url = binds.start()
     pids = {"bind": stack.cp.processes[name].pid, "kube-scheduler": stack.cp.processes["kube-scheduler"].pid}
-    source = EventSource(stack, url)
+    # Knative's real ApiServerSource receive adapter delivers every event of the placed pods to
+    # the bind measured, as a cluster's does: what bind spends answering them is part of its CPU
+    # (issue 62: a harness counting them found 2.6 ms per pod only heard, this bench without 0.6).
+    source = stack.start_event_source()
+    source.retarget(url)
 
     def cpu() -> dict[str, float]:  # bind: functions-framework's master and its worker
         return {"bind": profile.cpu_seconds(pids["bind"]),
@@ -540,7 +522,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         # Issue 62: with a pinned pod waiting and no other bind up, from the process's start to
         # that pod bound (what a wake costs the pod; its held event is answered once bind is ready).
         figures["ready_s"], figures["first_bound_s"] = [], []
-        source.tap.paused = True  # no bind up to answer meanwhile
+        source.paused = True  # no bind up to answer meanwhile
         binds.stop(name, pods_deleted=False)
         for _ in range(3):
             ns = namespace(stack, "cold")
@@ -559,8 +541,8 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                            "the cold start's pod deleted", interval=0.2)
         name, url = binds.start()
         pids["bind"] = stack.cp.processes[name].pid
-        source.to(url)
-        source.tap.paused = False
+        source.retarget(url)
+        source.paused = False
         probed = bulk[:STATUS_UPDATES]
         figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
         runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
@@ -575,7 +557,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                 # its CPU goes. py-spy reads its memory without stopping it (--nonblocking).
                 spy = profile.record_raw(pids["bind"], PROFILE_RATE, Path(into) / "bind.raw.txt") if sampled else None
                 try:
-                    before, t0, sent = cpu(), time.perf_counter(), source.sent()
+                    before, t0, sent = cpu(), time.perf_counter(), len(source.sent)
                     create_all(api, ns, placed_pods(scheduler, range(slot, slot + k), nodes))
                     if scheduler == "bind":
                         ping(url)
@@ -588,13 +570,13 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                         samples[scheduler] += spy()
                 slot += k
                 runs[scheduler].append({"cpu_s": after[scheduler] - before[scheduler], "create_to_all_bound_s": last - t0,
-                                        "events_to_bind": source.sent() - sent,
+                                        "events_to_bind": len(source.sent) - sent,
                                         # bind watching meanwhile: what another scheduler's pods cost it
                                         **({"bind_cpu_s": after["bind"] - before["bind"]}
                                            if scheduler == "kube-scheduler" else {})})
         figures["status_update_cpu_ms"]["kube-scheduler"] = status_updates(api, cpu, "kube-scheduler", probed)
         peaks = {"bind": peak_rss_mb(pids["bind"])}  # before it stops
-        source.tap.paused = True  # no bind to answer until bind before is up: the events meanwhile are dropped
+        source.paused = True  # no bind to answer until bind before is up: the events meanwhile are dropped
         binds.stop(name, pods_deleted=False)
         name = ""
         # The runs' pods deleted (no kubelet would finish a graceful deletion): the GPUs and the
@@ -610,8 +592,8 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         else:
             name, url = before_bind
             pids["bind before"] = stack.cp.processes[name].pid
-            source.to(url)
-            source.tap.paused = False
+            source.retarget(url)
+            source.paused = False
 
             def cpu_before() -> dict[str, float]:
                 return {"bind before": profile.cpu_seconds(pids["bind before"])}
@@ -625,7 +607,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                     ns = namespace(stack, "before" if scheduler == "bind" else "kube-scheduler")
                     watch = bench_run.BoundWatch(stack, ns)
                     try:
-                        before, t0, sent = cpu_before(), time.perf_counter(), source.sent()
+                        before, t0, sent = cpu_before(), time.perf_counter(), len(source.sent)
                         create_all(api, ns, placed_pods(scheduler, range(slot, slot + k), nodes, labelled_before=True))
                         if scheduler == "bind":
                             ping(url)
@@ -638,7 +620,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                     if scheduler == "bind":
                         runs["bind before"].append({"cpu_s": after["bind before"] - before["bind before"],
                                                     "create_to_all_bound_s": last - t0,
-                                                    "events_to_bind": source.sent() - sent})
+                                                    "events_to_bind": len(source.sent) - sent})
                     else:
                         figures["watched_before_cpu_s"].append(after["bind before"] - before["bind before"])
             peaks["bind before"] = peak_rss_mb(pids["bind before"])
@@ -654,7 +636,8 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         figures["peak_rss_mb"] = {process: peak_rss_mb(stack.cp.processes[process].pid)
                                   for process in ("kube-apiserver", "etcd")}
     finally:
-        source.stop()
+        stack.adapter.stop()
+        stack.adapter = stack.source = None
         leases.stop()
         if name:
             binds.stop(name, pods_deleted=False)

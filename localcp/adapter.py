@@ -193,6 +193,10 @@ class EventTap:
             with self._lock:
                 self._busy -= 1
 
+    def retarget(self, upstream: str) -> None:
+        """Forward to another bind from now on (a bench restarting the bind it measures)."""
+        self.sender = Sender(upstream, delays=())
+
     def _forward(self, headers: dict[str, str], body: bytes) -> int:
         forwarded = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length", "connection")}
         status = self.sender.send(forwarded, body) or 502  # a connection error: the adapter retries as for a 502
