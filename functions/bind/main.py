@@ -107,6 +107,10 @@ def _handle(request: Request):
         if "RecursionError" in str(error):  # the SDK wraps the data's RecursionError in its own
             return _reply(400, error="malformed CloudEvent: data: JSON nested too deeply")
         return _reply(400, error=f"malformed CloudEvent: {str(error)[:500]}")
+    if event["type"] in POD_EVENTS:
+        # Projected as the fast path decodes it, so both paths judge the same pod: a field bind
+        # does not read is not read, however it nests.
+        event.data = PODS.project(event.data)
     return _on_event(event)
 
 
@@ -130,9 +134,7 @@ def _on_event(event: CloudEvent):
         outcome = placer.resync()
     elif kind in POD_EVENTS:
         try:
-            # Projected as on the fast path (a no-op there), so both paths judge the same pod: a
-            # field bind does not read is not read, however it nests.
-            pod = check_pod(PODS.project(event.data))
+            pod = check_pod(event.data)
         except EventError as error:
             return _reply(400, kind, error=f"malformed {kind} event {shown(event['id'])}: {error}")
         outcome = placer.place_event(pod)
