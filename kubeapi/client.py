@@ -271,8 +271,10 @@ class Kube:
                 return
             query["continue"] = meta["continue"]
 
-    def list_namespaced_pods(self, namespace: str) -> Iterator[tuple[list[dict], str]]:
-        return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods")
+    def list_namespaced_pods(self, namespace: str, projection: Decoder | None = None, field_selector: str = "",
+                             paged: bool = True) -> Iterator[tuple[list[dict], str]]:
+        return self.list_pages(f"/api/v1/namespaces/{quote(namespace)}/pods", projection, paged=paged,
+                               fieldSelector=field_selector)
 
     def list_all_pods(self, projection: Decoder | None = None, field_selector: str = "", paged: bool = True
                       ) -> Iterator[tuple[list[dict], str]]:

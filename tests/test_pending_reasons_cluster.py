@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -64,6 +65,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
+
+from conftest import REPO, release_namespace
 
 from gpu_scheduler.fit import DEVICES_ANNOTATION, SHARE_ANNOTATION, workload
 from gpu_scheduler.records import GRACE_SECONDS, MAX_HOLDERS, lease_for, workload_key
@@ -77,6 +80,7 @@ from test_preemption_cluster import (
 from test_preemption_cluster import workload as classed_workload
 from test_records_cluster import RECORDS, Nodes
 
+sys.path.insert(0, str(REPO / "functions" / "bind"))  # bind's views, for a cold start's decisions
 BIND_NAMESPACE = "gpu-scheduler"  # where the stack's bind keeps its records (functions/bind/placer.py)
 PLUGIN_ANNOTATION = "gpu-scheduler/plugin"
 
@@ -667,11 +671,85 @@ def test_pending_row(stack, reader, situation, row, tmp_path):
         refused_manifest = verdicts.pop("plan")
         assert refused_manifest["exit"] == 2 and MANIFEST_ERRORS[row](message) in refused_manifest["stderr"]
         assert verdicts == said
+        assert_scoped_decides_as_whole(situation, pending, message)
         return
     # bind and explain first (a preemption row's Preemption: line among them), then plan
     assert {who: verdicts[who] for who in said} == said
     assert verdicts == {**said, "plan": {"decision": "wait", "plugin": PLUGINS[row], "message": message,
                                          "placeable": False}}
+    assert_scoped_decides_as_whole(situation, pending, message)
+
+
+# -- a cold start's scoped reads (issue 62) ---------------------------------------------------------
+def decided(admin, pod: dict, scoped: bool) -> dict:
+    """What a fresh bind decides for `pod` (the framework's decide: PreFilter and Filter, what
+    bind's cycle and explain both start from), on views listed as a starting bind lists them:
+    every view but the pods' whole; the pods' whole too, or (`scoped`) only bind's pending pods,
+    then the pod's namespace's and its node's, read for it (functions/bind/scope.py)."""
+    from handle import AttemptHandle
+    from gpu_scheduler.plugins.config import SchedulerConfig
+    from gpu_scheduler.plugins.registry import new_framework
+    from schedqueue import SchedulingQueue
+    from views import Views
+
+    views = Views(admin, BIND_NAMESPACE, SchedulingQueue(), dra=True, quotas=True)
+    for informer in views.informers:  # each listing once, in this thread: no watches are left behind
+        if informer.name != "pods" or not scoped:
+            informer._list_once()
+    if scoped:
+        views.scope._list_pending()
+        assert views.can_place() and not views.pods_listed()
+        views.cover((pod["metadata"]["namespace"],))
+    else:
+        assert views.pods_listed()
+    handle = AttemptHandle(admin, views, BIND_NAMESPACE, (pod,))
+    handle.group_formed((pod,))
+    decision = new_framework(SchedulerConfig(quota=True)).decide(pod, handle.snapshot)
+    return {"code": decision.status.code.name, "plugin": decision.status.plugin,
+            "message": decision.status.message, "node": decision.node_name, "devices": decision.devices}
+
+
+def assert_scoped_decides_as_whole(s: Situation, pending: Pending, message: str) -> None:
+    """A cold start decides the row's pod from scoped reads as the whole view does: the same
+    refusal, plugin and words (bind's own, less what preemption adds), so that a placement is never
+    made from a scoped view where the whole one refuses; bind holds a scoped refusal until its whole
+    view is in, and says the whole view's."""
+    pod = s.live(pending.name, pending.namespace)
+    whole, scoped = decided(s.admin, pod, scoped=False), decided(s.admin, pod, scoped=True)
+    assert scoped == whole
+    assert whole["code"] != "SUCCESS" and whole["message"] == message.split("; preemption: ", 1)[0]
+
+
+def test_scoped_reads_place_a_pod_as_the_whole_view_does(stack, situation):
+    """The placement side of the rows above: on a node with another pod's cpu and a GPU held by a
+    running pod of ours, a pod that fits is placed from scoped reads on the node and devices the
+    whole view places it on."""
+    held_by_a_running_pod(situation)
+    node = situation.live("team-a-0")["spec"]["nodeName"]
+    situation.apply(filler(situation.namespace, node, cpu="2"))
+    pod = resources(pod_manifest(situation.namespace, "fits-0", f"0={node}:2\n"), {"cpu": "1"})
+    pod["metadata"]["uid"] = "3f1c0de4-0000-4000-8000-000000000062"  # never created: only decided
+    whole, scoped = decided(situation.admin, pod, scoped=False), decided(situation.admin, pod, scoped=True)
+    assert whole == scoped == {"code": "SUCCESS", "plugin": "", "message": "", "node": node, "devices": ("2",)}
+
+
+@pytest.mark.parametrize("requested, fits", [("1", True), ("2", False)])
+def test_scoped_reads_count_the_pods_of_every_namespace_on_the_node(stack, situation, requested, fits):
+    """The node's pods come from its own reading (spec.nodeName), not from the pod's namespace:
+    another namespace's pod using 2.5 of the node's 4 cpu leaves room for 1, not for 2, from
+    scoped reads as from the whole view."""
+    node = situation.node()
+    other = f"{situation.uniq[:40]}-other"
+    stack.create_namespace(other)
+    try:
+        situation.apply(filler(other, node, cpu="2500m"))
+        pod = resources(pod_manifest(situation.namespace, "w-0", f"0={node}:0\n"), {"cpu": requested})
+        pod["metadata"]["uid"] = "3f1c0de4-0000-4000-8000-000000000063"  # never created: only decided
+        whole, scoped = decided(situation.admin, pod, scoped=False), decided(situation.admin, pod, scoped=True)
+        assert scoped == whole
+        assert (whole["code"] == "SUCCESS") is fits and (whole["plugin"] == "NodeResourcesFit") is not fits
+    finally:
+        release_namespace(stack, other)
 
 
 # -- SchedulingGated (plugin SchedulingGates, PreEnqueue) -------------------------------------------

@@ -103,6 +103,72 @@ def holder_pod(devices: str = "1", phase: str = "Running") -> dict:
             "spec": {"nodeName": "node1", "containers": []}, "status": {"phase": phase}}
 
 
+def scoped_placer(nodes=(NODE,), leases=(), **script) -> tuple[Placer, FakeApi]:
+    """A Placer starting cold (functions/bind/scope.py): every view listed but the pods', whose
+    listing is not in yet; bind's pending pods listed (none). What a cycle reads of the pods,
+    `list_pods` (a node's) and `list_namespaced_pods` (a namespace's) answer."""
+    script.setdefault("bind", [{}])
+    script.setdefault("create_lease", [{}])
+    script.setdefault("list_pods", [[]])
+    script.setdefault("list_namespaced_pods", [iter([([], "7")])])
+    api = FakeApi(**script)
+    placer = Placer(api)
+    placer._started = True
+    placer.views.handlers.replace_nodes([list(nodes)])
+    placer.views.handlers.replace_records([list(leases)])
+    for informer in placer.views.informers:
+        if informer.name != "pods":
+            informer.synced.set()
+    placer.views.scope.pending_listed.set()
+    placer._records_checked.set()
+    return placer, api
+
+
+def test_a_cold_bind_places_from_the_pods_of_the_pods_node_and_namespace():
+    placer, api = scoped_placer()
+    assert placer.readiness().ready and not placer.views.pods_listed()
+    assert placed(placer)["result"] == "Bound"
+    [((node_selector, _), _)] = api.called("list_pods")
+    assert node_selector.startswith("spec.nodeName=node1,")
+    [((namespace, *_), _)] = api.called("list_namespaced_pods")
+    assert namespace == "default"
+    assert event_reasons(api) == [("Scheduled", "Normal")]
+
+
+def test_a_refusal_on_scoped_reads_is_not_said_and_is_decided_again_once_every_pod_is_listed():
+    """A fresh record whose pod is on no node read and not pending is one a scoped view cannot
+    judge (the pod may be bound elsewhere, or gone): held, so refused; bind says nothing and
+    writes nothing. The whole listing shows that pod gone (the view is past the record's version,
+    and the pod is not in it): the pod is queued again, and placed."""
+    placer, api = scoped_placer(leases=[lease("StatefulSet team-a/train")], update_lease=[{}])
+    outcome = placed(placer)
+    assert outcome["result"] == "Deferred"
+    assert api.called("bind") == [] and api.called("create_lease") == [] and event_reasons(api) == []
+    placer.views.informers[0].version = "9"
+    placer.views.handlers.replace_pods([[copy.deepcopy(POD)]])
+    assert placer.queue.pop(timeout=0) == POD["metadata"]["uid"]
+    assert placed(placer)["result"] == "Bound"
+
+
+def test_a_scoped_read_that_fails_is_retried_and_writes_nothing():
+    placer, api = scoped_placer(list_namespaced_pods=[api_error(503, "etcd leader changed")])
+    outcome = placed(placer)
+    assert outcome["result"] == "Retry" and "reading the pods its decision needs" in outcome["message"]
+    assert api.called("bind") == [] and api.called("create_lease") == []
+
+
+def test_a_scoped_listing_after_the_whole_one_changes_nothing():
+    placer, _ = synced_placer_with_nothing()
+    elsewhere = {**copy.deepcopy(POD), "spec": {**POD["spec"], "nodeName": "node1"}}
+    placer.views.handlers.merge_pods([[elsewhere]])
+    assert placer.views.assigned_node(POD["metadata"]["uid"]) is None
+
+
+def synced_placer_with_nothing() -> tuple[Placer, FakeApi]:
+    api = FakeApi()
+    return synced_placer(api), api
+
+
 def test_a_bind_records_its_devices_then_binds():
     placer, api = placer_with()
     assert placed(placer) == {"result": "Bound", "pod": "default/gpu-scheduler-check-0", "node": "node1"}

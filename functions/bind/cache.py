@@ -139,6 +139,9 @@ class Cache:
         self._assumed: dict[str, dict[str, PodInfo]] = {}  # node -> uid -> pod this instance is placing
         self._pending: dict[str, PendingPod] = {}
         self._pending_bytes = 0
+        # The pod watch's first listing is in (replace_pods); until then the pods held are those of
+        # the scoped listings (merge_pods) only.
+        self._pods_listed = False
         # Pod groups (the Gang plugin's WorkloadPods), by fit.gang_key (a workload, or one group of a
         # LeaderWorkerSet): group -> the uids of its pending pods, and group -> uid -> namespace/name
         # of its assigned pods (bound members count), kept with _pending and _pods_on: a group's
@@ -341,6 +344,40 @@ class Cache:
                 self._pending[ref.uid] = PendingPod(ref.namespace, ref.name)
 
     # -- pods ------------------------------------------------------------------------------
+    def merge_pods(self, pages: Iterable[list[dict]]) -> Changes:
+        """A scoped listing (scope.py: the pods of one node, of one namespace, or bind's pending
+        pods), read before the pod watch's first listing is in: its pods added to what the cache
+        holds. Nothing once that listing is in: it is the whole truth, and a scoped listing read
+        before it would only be older."""
+        assigned: list[tuple[str, str, PodInfo]] = []
+        pending: list[tuple[str, Mapping[str, Any]]] = []
+        for items in pages:
+            for pod in items:
+                uid, node = str(_meta(pod).get("uid") or ""), (pod.get("spec") or {}).get("nodeName")
+                if node:
+                    if not is_terminal(pod):
+                        assigned.append((node, uid, PodInfo.of(pod)))
+                elif _is_pending_ours(pod):
+                    pending.append((uid, pod))
+        queued = []
+        with self._lock:
+            if self._pods_listed:
+                return NOTHING
+            for node, uid, info in assigned:
+                if self._node_of.get(uid) in (None, node):
+                    self._drop_pending(uid)
+                    self._put_assigned(node, uid, info)
+            for uid, pod in pending:
+                if uid not in self._pending and uid not in self._node_of:
+                    self._put_pending(uid, pod)
+                    queued.append((uid, pod))
+        return Changes(pending=tuple(queued))
+
+    @property
+    def pods_listed(self) -> bool:
+        """The pod watch's first listing is in: the cache holds every pod."""
+        return self._pods_listed
+
     def replace_pods(self, pages: Iterable[list[dict]]) -> Changes:
         pods_on: dict[str, dict[str, PodInfo]] = {}
         pending: dict[str, PendingPod] = {}
@@ -357,6 +394,7 @@ class Cache:
                     pending_bytes += size if kept is not None else 0
                     pending[uid] = PendingPod(*_name(pod), kept, _placement_fingerprint(pod), size if kept is not None else 0)
         with self._lock:
+            self._pods_listed = True
             left = {uid: node for uid, node in self._node_of.items()
                     if uid not in pods_on.get(node, {})}
             gone_pending = [uid for uid in self._pending if uid not in pending]

@@ -23,6 +23,9 @@ class EventHandlers:
     def replace_pods(self, pages: Iterable[list[dict]]) -> None:
         self._report(self.cache.replace_pods(pages))
 
+    def merge_pods(self, pages: Iterable[list[dict]]) -> None:
+        self._report(self.cache.merge_pods(pages))
+
     def apply_pod(self, kind: str, pod: Mapping[str, Any]) -> None:
         self._report(self.cache.apply_pod(kind, pod))
 

@@ -27,7 +27,7 @@ from gpu_scheduler.events import (
     scheduled_message,
 )
 from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code
-from gpu_scheduler.framework.runtime import PERMIT, PRE_BIND, PRE_ENQUEUE, RESERVE, CycleOutcome, Outcome
+from gpu_scheduler.framework.runtime import PERMIT, PRE_BIND, PRE_ENQUEUE, RESERVE, CycleOutcome, Framework, Outcome
 from gpu_scheduler.notices import pod_notices
 from gpu_scheduler.plugins.config import SchedulerConfig
 from gpu_scheduler.plugins.defaultbinder import POD_CHANGED
@@ -56,6 +56,9 @@ POD_READS = prom.Counter("gpu_scheduler_bind_pod_reads_total",
 EVENT_WAIT_SECONDS = 8  # an event for a pod being placed waits for that attempt's outcome
 RESYNC_WAIT_SECONDS = 20  # a ping waits this long for the outcomes of the pods it found
 GANG_BINDINGS_IN_FLIGHT = 16
+# A refusal from a scoped view (scope.py), not said: decided again from the whole view.
+DEFERRED = "Deferred"
+SCOPED_REFUSAL = "refused on the pods read for it; decided again once bind has listed every pod"
 RECORDS_CHECK_SECONDS = 10  # how often a failing check that bind may write its records is made again
 
 
@@ -93,6 +96,9 @@ class Placer:
         self.config = config or BindConfig(SchedulerConfig())
         self.namespace = self.config.scheduler.namespace
         self.framework = new_framework(self.config.scheduler)
+        # The same plugins without PostFilter, for a cycle on a scoped view (scope.py): preemption
+        # chooses among every pod, and a scoped view's refusals wait for the whole one anyway.
+        self._scoped_framework = Framework(dataclasses.replace(self.framework.profile, post_filter=()))
         self._handle_type = handle_type  # AttemptHandle; a test hook's (testhooks.py) only where injected
         self._group_locks: dict[str, threading.Lock] = {}  # one attempt per pod group (gang) at a time
         # A gang's Bindings all come at once, after its last member: more of them in flight than
@@ -160,7 +166,7 @@ class Placer:
         if self.api is None:
             return Readiness(False, f"no Kubernetes API configuration: {self.problem}")
         self.start()
-        if not self.views.synced():
+        if not self.views.can_place():
             return Readiness(False, self.views.sync_problem())
         if self._records_problem:
             return Readiness(False, self._records_problem)
@@ -320,7 +326,8 @@ class Placer:
         deadline = time.monotonic() + RESYNC_WAIT_SECONDS
         outcomes = [self.queue.outcome_after(uid, mark, max(0.0, deadline - time.monotonic())) or {"result": "InProgress"}
                     for uid in uids]
-        self.sweep_records()
+        if self.views.synced():  # a record's pod is judged gone from the whole view only
+            self.sweep_records()
         counts: dict[str, int] = {}
         for outcome in outcomes:
             counts[outcome["result"]] = counts.get(outcome["result"], 0) + 1
@@ -339,7 +346,7 @@ class Placer:
         if isinstance(decision, Ignore):
             return Attempt(self._ignored(decision.why))
         ref = PodRef.of(pod)
-        if not isinstance(decision, Unplaceable) and not self.views.synced():
+        if not isinstance(decision, Unplaceable) and not self.views.can_place():
             # never decide on a partial view; the queue tries again shortly. Logged at debug: readiness
             # and its own log line say why, where it lasts (device env mode dra without DRA's API),
             # and every pending pod would otherwise log this at each retry
@@ -347,12 +354,30 @@ class Placer:
                            retry=True)
         started = time.perf_counter()
         began = self.queue.moves()
-        cycle = self.framework.schedule(pod, self._handle(pod))
+        # Read before the cycle, and never again in it: the whole pod listing that lands meanwhile
+        # queues every pending pod (this one again, after its attempt), so nothing deferred is lost.
+        whole = self.views.pods_listed()
+        try:
+            if whole:
+                cycle = self.framework.schedule(pod, self._handle(pod))
+            else:
+                self.views.cover((ref.namespace,))
+                cycle = self._scoped_framework.schedule(pod, self._handle(pod))
+        except APIError as error:  # a scoped read (scope.py) failed: the cycle wrote nothing yet
+            return Attempt(self._report(ref, RETRY if error.transient else API_ERROR,
+                                        f"reading the pods its decision needs: {error.message}"), retry=True)
         if cycle.preemption:
             PREEMPTION_ATTEMPTS.labels(cycle.preemption).inc()
         attempt = Attempt({"result": RETRY, "message": "not among the pods of its cycle"}, retry=True)
         for member in cycle.members:
             attempted = member.uid == ref.uid
+            if not whole and member.status.refused:
+                # From a scoped view a placement is right (scope.py), but a refusal may not be: a
+                # record whose pod the view does not hold counts as held, and preemption needs
+                # every pod. Nothing is said or written; the whole listing queues the pod again.
+                if attempted:
+                    attempt = Attempt(self._report(PodRef.of(member.pod), DEFERRED, SCOPED_REFUSAL, quiet=True))
+                continue  # a member not attempted stays as the queue has it (the listing queues it)
             settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again,
                                    decision if attempted else None)
             if attempted:

@@ -25,6 +25,7 @@ from eventhandlers import EventHandlers
 from informers import Informer, Requirement
 from kubeapi import projection
 from schedqueue import SchedulingQueue
+from scope import ScopedReads
 
 NOT_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -63,6 +64,10 @@ class Views:
             # GPUQuota refuses a pod counted for too few GPUs only where a quota of its namespace counts them.
             self.informers.append(Informer("resourcequotas", api.list_resource_quotas_all, api.watch_resource_quotas,
                                            handlers.replace_quotas, handlers.apply_quota))
+        # Until the pod informer's first listing is in, what a decision reads of the pods is read
+        # for it (scope.py).
+        self.scope = ScopedReads(api, handlers.merge_pods, lambda: self.cache.pods_listed, NOT_TERMINAL,
+                                 self._others_listed)
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
@@ -81,20 +86,47 @@ class Views:
         self.handlers.on_node = offer
 
     def start(self) -> None:
+        self.scope.start()
         for informer in self.informers:
             informer.start()
 
+    def _others_listed(self) -> None:
+        """Returns once every view but the pods' is listed (scope.py)."""
+        for informer in self.informers:
+            if informer.name != "pods":
+                informer.synced.wait()
+
     def synced(self) -> bool:
+        """Every view is listed whole: the pods' too."""
         return all(informer.synced.is_set() for informer in self.informers)
+
+    def can_place(self) -> bool:
+        """bind may decide: every view but the pods' listed whole, and the pods' listed whole or
+        bind's pending pods listed (scope.py: until then each decision reads its own pods)."""
+        return all(informer.synced.is_set() or (informer.name == "pods" and self.scope.pending_listed.is_set())
+                   for informer in self.informers)
+
+    def pods_listed(self) -> bool:
+        """The pod watch's first listing is in: every pod is in the view, none is read for a cycle."""
+        return self.cache.pods_listed
+
+    def cover(self, namespaces: Iterable[str]) -> None:
+        """Before a cycle: its namespaces' pods read, unless every pod is listed (scope.py).
+        Raises APIError."""
+        for namespace in namespaces:
+            self.scope.cover_namespace(namespace)
 
     def sync_problem(self) -> str:
         """Why the views are not listed yet, in words (readiness)."""
-        waiting = [i for i in self.informers if not i.synced.is_set()]
+        waiting = [i for i in self.informers if not i.synced.is_set()
+                   and (i.name != "pods" or not self.scope.pending_listed.is_set())]
         problems = list(dict.fromkeys(i.problem for i in waiting if i.problem))  # one kind's missing API: said once
         return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
     # -- reads, for placement (the cache's) ------------------------------------------------------
     def snapshot(self, node: str, claims: Iterable[tuple[str, str]] = (), namespaces: Iterable[str] = ()) -> NodeSnapshot:
+        """Raises APIError: the node's pods read for it, while not every pod is listed (scope.py)."""
+        self.scope.cover_node(node)
         return self.cache.snapshot(node, claims, namespaces)
 
     def pdbs(self, node: str) -> tuple[Mapping[str, Any], ...]:
