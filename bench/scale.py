@@ -104,8 +104,28 @@ class Binds:
         self._naming = threading.Lock()  # start_together's threads each take their own name
         self.leases = self._leases()
 
-    def start(self, revision: str | None = None) -> tuple[str, str] | None:
-        """(process name, URL) of a ready bind; None when this clone lacks the revision."""
+    def start(self, revision: str | None = None, listed: bool = False) -> tuple[str, str] | None:
+        """(process name, URL) of a ready bind; None when this clone lacks the revision. `listed`:
+        and its whole pod listing in (since issue 62 bind is ready before it, docs/design.md),
+        so that what is measured next is a bind that watches, not one still listing."""
+        started = self._start(revision)
+        # A revision before issue 62's scoped reads is ready only once listed (and logs at WARNING).
+        if started is not None and listed and revision is None:
+            self.stack.wait_for(lambda: self._pods_listed(started[0]), WAIT_SECONDS, f"{started[0]} listing every pod",
+                                interval=0.1)
+        return started
+
+    def _pods_listed(self, name: str) -> bool:
+        for line in self.stack.cp.log_tail(name, 1000).splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("message") == "listed" and entry.get("view") == "pods":
+                return True
+        return False
+
+    def _start(self, revision: str | None) -> tuple[str, str] | None:
         with self._naming:
             self._count += 1
             name = f"bind-{revision or 'tree'}-{self._count}"
@@ -496,7 +516,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
     nodes_n, pods_n, k, reps = SCALE_SIZES[size]
     sampled = Path(profile.PY_SPY).exists()
     samples = {"bind": "", "kube-scheduler": ""}
-    name, url = binds.start()
+    name, url = binds.start(listed=True)
     pids = {"bind": stack.cp.processes[name].pid, "kube-scheduler": stack.cp.processes["kube-scheduler"].pid}
     # Knative's real ApiServerSource receive adapter delivers every event of the placed pods to
     # the bind measured, as a cluster's does: what bind spends answering them is part of its CPU
@@ -539,7 +559,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
             api._call("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
             stack.wait_for(lambda: not api._call("GET", f"/api/v1/namespaces/{ns}/pods")["items"], WAIT_SECONDS,
                            "the cold start's pod deleted", interval=0.2)
-        name, url = binds.start()
+        name, url = binds.start(listed=True)
         pids["bind"] = stack.cp.processes[name].pid
         source.retarget(url)
         source.paused = False
@@ -586,7 +606,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         stack.wait_for(lambda: not any(api._call("GET", f"/api/v1/namespaces/{ns}/pods")["items"] for ns in placed_in),
                        WAIT_SECONDS, "the runs' pods deleted", interval=0.5)
         slot = 0
-        before_bind = binds.start(BEFORE)
+        before_bind = binds.start(BEFORE, listed=True)
         if before_bind is None:
             figures["before"] = {"skipped": f"revision {BEFORE} is not in this clone"}
         else:
@@ -716,7 +736,8 @@ def rows(results: dict) -> list[str]:
             row(f"  CPU per placement, bind at {BEFORE} / kube-scheduler", f"{before:.2f}")
         if s.get("ready_s"):
             ready = statistics.median(s["ready_s"])
-            row(f"  bind process start to ready, {s['nodes']} nodes and {s['pods']} pods listed (median s)",
+            # Since issue 62 ready waits for bind's pending pods, not every pod (docs/design.md).
+            row(f"  bind process start to ready, {s['nodes']} nodes and {s['pods']} pods (median s)",
                 f"{ready:.2f}", f"<= {READY_GOAL_S}", ready <= READY_GOAL_S)
         if s.get("first_bound_s"):
             first = statistics.median(s["first_bound_s"])

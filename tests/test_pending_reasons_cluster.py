@@ -733,6 +733,22 @@ def test_scoped_reads_place_a_pod_as_the_whole_view_does(stack, situation):
     assert whole == scoped == {"code": "SUCCESS", "plugin": "", "message": "", "node": node, "devices": ("2",)}
 
 
+def test_scoped_reads_free_the_gpu_of_a_deleted_pods_record(stack, situation):
+    """A woken bind's commonest case: the pod a fresh record names was deleted while bind slept.
+    The whole view knows it gone (absent from a listing newer than the record) and places on its
+    GPU; scoped reads read that pod by name and place the same."""
+    node = situation.node()
+    situation.apply(pod_manifest(situation.namespace, "gone-0", None, scheduler="nobody"))  # nobody places it
+    holder = stack.wait_for(lambda: situation.live("gone-0"), 30, "the pod gone-0")
+    situation.record(node, "1", [workload_key(workload(holder))], False, holder)
+    stack.cp.kubectl("delete", "pod", "-n", situation.namespace, "gone-0", "--grace-period=0", "--force")
+    stack.wait_for(lambda: situation.live("gone-0") is None, 30, "gone-0 deleted")
+    pod = pod_manifest(situation.namespace, "w-0", f"0={node}:1\n")
+    pod["metadata"]["uid"] = "3f1c0de4-0000-4000-8000-000000000064"  # never created: only decided
+    whole, scoped = decided(situation.admin, pod, scoped=False), decided(situation.admin, pod, scoped=True)
+    assert whole == scoped == {"code": "SUCCESS", "plugin": "", "message": "", "node": node, "devices": ("1",)}
+
+
 @pytest.mark.parametrize("requested, fits", [("1", True), ("2", False)])
 def test_scoped_reads_count_the_pods_of_every_namespace_on_the_node(stack, situation, requested, fits):
     """The node's pods come from its own reading (spec.nodeName), not from the pod's namespace:

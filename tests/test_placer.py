@@ -136,18 +136,30 @@ def test_a_cold_bind_places_from_the_pods_of_the_pods_node_and_namespace():
 
 
 def test_a_refusal_on_scoped_reads_is_not_said_and_is_decided_again_once_every_pod_is_listed():
-    """A fresh record whose pod is on no node read and not pending is one a scoped view cannot
-    judge (the pod may be bound elsewhere, or gone): held, so refused; bind says nothing and
-    writes nothing. The whole listing shows that pod gone (the view is past the record's version,
-    and the pod is not in it): the pod is queued again, and placed."""
-    placer, api = scoped_placer(leases=[lease("StatefulSet team-a/train")], update_lease=[{}])
-    outcome = placed(placer)
-    assert outcome["result"] == "Deferred"
+    """A fresh record names a pod that is on no node read and not pending: read by name, it is
+    bound on another node, so the GPU is held and the pod refused. From scoped reads bind says
+    nothing and writes nothing; the whole listing queues the pod again, and its refusal is said."""
+    elsewhere = {**holder_pod("0"), "spec": {"nodeName": "node2", "containers": []}}
+    placer, api = scoped_placer(leases=[lease("StatefulSet team-a/train")], read_pod=[copy.deepcopy(elsewhere)])
+    assert placed(placer) == {"result": "Deferred", "pod": "default/gpu-scheduler-check-0",
+                              "message": "refused on the pods read for it; decided again once bind has listed every pod"}
     assert api.called("bind") == [] and api.called("create_lease") == [] and event_reasons(api) == []
     placer.views.informers[0].version = "9"
-    placer.views.handlers.replace_pods([[copy.deepcopy(POD)]])
+    placer.views.handlers.replace_pods([[copy.deepcopy(POD), elsewhere]])
     assert placer.queue.pop(timeout=0) == POD["metadata"]["uid"]
+    outcome = placed(placer)
+    assert outcome["result"] == "Unschedulable" and outcome["message"].startswith("GPU 0 on node1 was given to")
+    assert event_reasons(api) == [("FailedScheduling", "Warning")]
+
+
+def test_a_record_of_a_pod_read_gone_frees_its_gpu_on_scoped_reads():
+    """The pod a fresh record names is not found by name (deleted while bind slept): its GPU is
+    free, as the whole view would know it, and the pod is placed from scoped reads."""
+    placer, api = scoped_placer(leases=[lease("StatefulSet team-a/train")], update_lease=[{}],
+                                read_pod=[api_error(404, "pods \"train-0\" not found", kind="pods")])
     assert placed(placer)["result"] == "Bound"
+    [((namespace, name), _)] = api.called("read_pod")
+    assert (namespace, name) == ("team-a", "train-0")
 
 
 def test_a_scoped_read_that_fails_is_retried_and_writes_nothing():

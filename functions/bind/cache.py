@@ -373,6 +373,23 @@ class Cache:
                     queued.append((uid, pod))
         return Changes(pending=tuple(queued))
 
+    def unknown_holders(self, node: str) -> list[tuple[str, str]]:
+        """(namespace/name, uid) of each pod a record on `node` was last written for that this view
+        holds neither pending nor on a node nor seen gone: before the whole pod listing is in, the
+        pod may be anywhere or gone (scope.py reads it)."""
+        with self._lock:
+            records = [*self._records_on.get(node, {}).values(), *self._entries_on.get(node, {}).values()]
+            return list(dict.fromkeys((r.last_pod, r.last_uid) for r in records
+                                      if r.last_uid and r.last_uid not in self.gone
+                                      and r.last_uid not in self._pending and r.last_uid not in self._node_of))
+
+    def saw_gone(self, uid: str, node: str) -> None:
+        """The pod `uid`, named by a record on `node`, was read and is gone (scope.py): as if its
+        deletion had been watched."""
+        with self._lock:
+            self._saw_deleted(uid)
+            self._changed(node)
+
     @property
     def pods_listed(self) -> bool:
         """The pod watch's first listing is in: the cache holds every pod."""

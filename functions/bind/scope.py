@@ -7,7 +7,9 @@ counted) and the pods of its namespace (a gang's bound members). So, until that 
 - at start, bind's pending pods are listed (spec.schedulerName, no spec.nodeName) and queued;
 - before a pod's cycle, its namespace's pods are listed, and before a node's snapshot, that node's;
   each once, as the API server's watch cache answers a selective listing (unpaged: in pages it
-  reads through etcd until a page is full).
+  reads through etcd until a page is full);
+- then the pods that the node's device records name and the view does not hold, by name: whether
+  each is gone is what frees a record's GPU (cache.py: gone_of).
 
 Every other view (nodes, records, budgets, quotas, slices, claims) is listed whole as before:
 they are small. What a scoped view may get wrong, and why that is safe, is in placer.py (place):
@@ -21,8 +23,10 @@ import time
 from typing import Callable, Iterable
 
 from gpu_scheduler.binding import PENDING_SELECTOR
+from gpu_scheduler.fit import is_terminal
 from informers import FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS
 from kubeapi import projection
+from kubeapi.errors import APIError
 
 log = logging.getLogger("bind")
 
@@ -32,9 +36,12 @@ class ScopedReads:
     takes a scoped listing's pages into the cache (EventHandlers.merge_pods)."""
 
     def __init__(self, api, merge: Callable[[Iterable[list[dict]]], None], listed: Callable[[], bool],
-                 not_terminal: str, others_listed: Callable[[], None] = lambda: None):
+                 not_terminal: str, others_listed: Callable[[], None] = lambda: None,
+                 unknown_holders: Callable[[str], list[tuple[str, str]]] = lambda node: [],
+                 gone: Callable[[str, str], None] = lambda uid, node: None):
         self.api, self._merge, self._listed, self._not_terminal = api, merge, listed, not_terminal
         self._others_listed = others_listed  # returns once every other view is listed
+        self._unknown_holders, self._gone = unknown_holders, gone  # the cache's (cover_node)
         self.pending_listed = threading.Event()
         self._covered: set[tuple[str, str]] = set()  # ("node" | "namespace", name) listed and merged
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -65,10 +72,32 @@ class ScopedReads:
         self.pending_listed.set()
 
     def cover_node(self, node: str) -> None:
-        """The pods on `node`, read unless the whole listing is in or they were read before.
-        Raises APIError."""
+        """The pods on `node`, read unless the whole listing is in or they were read before; then
+        the pods the node's records name that are neither there nor pending. Raises APIError."""
         self._cover(("node", node), lambda: [self.api.list_pods(f"spec.nodeName={node},{self._not_terminal}",
                                                                 projection.PODS)])
+        self._cover(("holders", node), lambda: self._holders(node))
+
+    def _holders(self, node: str) -> list[list[dict]]:
+        """Each pod a record on `node` names that this view does not hold, read by name: gone (not
+        found, another UID, ended) is said to the cache as the whole view would know it (a pod
+        absent from a listing newer than its record); one that exists is merged where it is. So a
+        record of a deleted pod frees its GPU from scoped reads too (a woken bind's commonest case:
+        the pod that held it was deleted while bind slept)."""
+        found = []
+        for name, uid in self._unknown_holders(node):
+            namespace, _, pod_name = name.partition("/")
+            try:
+                pod = self.api.read_pod(namespace, pod_name, projection=projection.PODS)
+            except APIError as error:
+                if not error.not_found:  # a 404 of its namespace is the pod gone too
+                    raise
+                pod = None
+            if pod is None or str((pod.get("metadata") or {}).get("uid") or "") != uid or is_terminal(pod):
+                self._gone(uid, node)
+            else:
+                found.append(pod)
+        return [found]
 
     def cover_namespace(self, namespace: str) -> None:
         """The pods of `namespace` (a gang's bound members). Raises APIError."""

@@ -67,7 +67,7 @@ class Views:
         # Until the pod informer's first listing is in, what a decision reads of the pods is read
         # for it (scope.py).
         self.scope = ScopedReads(api, handlers.merge_pods, lambda: self.cache.pods_listed, NOT_TERMINAL,
-                                 self._others_listed)
+                                 self._others_listed, self.cache.unknown_holders, self.cache.saw_gone)
         if dra:
             self.informers += [
                 Informer("resourceslices", api.list_resource_slices, api.watch_resource_slices,
