@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from ..framework.interface import (
     ANY_NODE_RESULT, SKIP, SUCCESS, Code, CycleState, PermitPlugin, PermitStage, PodGroup, PodGroupPlugin,
-    PreFilterPlugin, PreFilterResult, Status, unresolvable, unschedulable,
+    PreFilterPlugin, PreFilterResult, Status, inputs, unresolvable, unschedulable,
 )
 from ..fit import GANG_ANNOTATION, gang_key, workload
 from ..placement import map_text, metadata, spec
 from ..podindex import LWS_SIZE_ANNOTATION, IndexUnknown, pod_index
 from ..schedmap import MapError, parse_map, shown
+
+if TYPE_CHECKING:  # PodInputs.of reads gang_ask here: the core's module imports this one
+    from ..podinputs import PodInputs
 
 NAME = "Gang"
 # Written by mutate on a JobSet's pods that ask for a gang: how many pods the JobSet's gang has.
@@ -44,6 +47,28 @@ UPSTREAM_POD_GROUP = "UpstreamPodGroupIgnored"
 
 class GangError(ValueError):
     """A malformed gpu-scheduler/gang value, in words that name the fix."""
+
+
+@dataclass(frozen=True)
+class GangAsk:
+    """What a pod's gpu-scheduler/gang asks for: its gang's size (None: no gang), or, for a
+    malformed value, why (`problem`, GangError's words, with which PreFilter refuses the pod)."""
+
+    size: int | None = None
+    problem: str = ""
+
+    @property
+    def asked(self) -> bool:
+        """The pod names a gang, well-formed or not."""
+        return self.size is not None or bool(self.problem)
+
+
+def gang_ask(pod: Mapping[str, Any]) -> GangAsk:
+    """gang_size as a value: the size, or the problem."""
+    try:
+        return GangAsk(gang_size(pod))
+    except GangError as why:
+        return GangAsk(problem=str(why))
 
 
 def gang_size(pod: Mapping[str, Any]) -> int | None:
@@ -109,16 +134,14 @@ def upstream_pod_group(pod: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def upstream_gang_notice(pod: Mapping[str, Any]) -> str | None:
-    """What a pod that names an upstream PodGroup is told (None for any other): bind places it as
-    always, with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
+def upstream_gang_notice(group: str | None, ask: GangAsk, gang: tuple[str, ...]) -> str | None:
+    """What a pod that names an upstream PodGroup (`group`, upstream_pod_group) is told, given what
+    it asks of gangs and its gang (fit.gang_key); None for any other pod: bind places it as always,
+    with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
     kube-scheduler, whose PodGroups they are, does not place this pod either."""
-    group = upstream_pod_group(pod)
     if group is None:
         return None
-    annotations = metadata(pod).get("annotations")
-    asked = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
-    placed = (f"this pod is placed with its gang {gang_name(pod)}" if asked not in (None, "false")
+    placed = (f"this pod is placed with its gang {gang_name_of(gang)}" if ask.asked
               else f"this pod is placed on its own (to place replicas together, set {GANG_ANNOTATION} on the pod"
                    " template)")
     return (f"the pod names PodGroup {shown(group)} (spec.schedulingGroup.podGroupName), but gpu-scheduler does not"
@@ -126,31 +149,38 @@ def upstream_gang_notice(pod: Mapping[str, Any]) -> str | None:
 
 
 def gang_name(pod: Mapping[str, Any]) -> str:
-    """The gang as users know it: <namespace>/<controller>, a LeaderWorkerSet's group, or a bare
-    pods' map."""
-    who = gang_key(pod)
+    """The gang as users know it (gang_name_of the pod's gang_key)."""
+    return gang_name_of(gang_key(pod))
+
+
+def gang_name_of(who: tuple[str, ...]) -> str:
+    """A gang (fit.gang_key) as users know it: <namespace>/<controller>, a LeaderWorkerSet's group,
+    or a bare pods' map."""
     if who[0] == "owner":
         return f"{who[1]}/{who[3]}" + (f" group {who[4]}" if len(who) > 4 else "")
     return f"{who[1]}/pods of one map"
 
 
-def _index(pod: Mapping[str, Any]) -> tuple[int, str]:
+def member_order(pod: Mapping[str, Any]) -> tuple[int, str]:
+    """Where a pod stands among its gang's members: by its index (none known: last), then its name."""
     try:
         return pod_index(metadata(pod)), str(metadata(pod).get("name") or "")
     except IndexUnknown:
         return 1 << 62, str(metadata(pod).get("name") or "")
 
 
-def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound: Iterable[str]) -> PodGroup | None:
-    """The gang `pod` belongs to, from its workload's pending pods that ask for a gang and its
-    bound pods' names (`pod` itself among the pending ones or not); None when it is no gang's
-    member. GangError as gang_size."""
-    size = gang_size(pod)
-    if size is None:
+def gang_of(pod: Mapping[str, Any], mine: "PodInputs", pending: Iterable[Mapping[str, Any]], bound: Iterable[str]
+            ) -> PodGroup | None:
+    """The gang `pod` (whose inputs are `mine`) belongs to, from its workload's pending pods that ask
+    for a gang and its bound pods' names (`pod` itself among the pending ones or not); None when it
+    is no gang's member (or its ask is malformed: PreFilter refuses it)."""
+    if mine.gang_ask.size is None:
         return None
-    members = {_key(p): p for p in pending if gang_size_or_none(p) is not None}  # those that ask for a gang
-    members[_key(pod)] = pod
-    return PodGroup(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)), NAME)
+    # the other members, read as they are listed; the pod's own order is its inputs'
+    members = {_key(p): (member_order(p), p) for p in pending if gang_ask(p).size is not None}
+    members[mine.key] = (mine.order, pod)
+    ordered = tuple(p for _, p in sorted(members.values(), key=lambda member: member[0]))
+    return PodGroup(gang_name_of(mine.gang), mine.gang_ask.size, ordered, tuple(sorted(bound)), NAME)
 
 
 def _key(pod: Mapping[str, Any]) -> str:
@@ -160,10 +190,7 @@ def _key(pod: Mapping[str, Any]) -> str:
 
 
 def gang_size_or_none(pod: Mapping[str, Any]) -> int | None:
-    try:
-        return gang_size(pod)
-    except GangError:
-        return None
+    return gang_ask(pod).size
 
 
 def members_exist(gang: PodGroup) -> Status:
@@ -217,21 +244,21 @@ class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
     # A gang waits on its members: their own refusals are retried on their plugins' events, and a
     # new member is a new pod (always tried). Nothing else can undo a gang's refusal.
 
-    def pod_group(self, pod: Mapping[str, Any], cluster: WorkloadPods) -> PodGroup | None:
+    def pod_group(self, pod: Mapping[str, Any], mine: "PodInputs", cluster: WorkloadPods) -> PodGroup | None:
         """The pod's gang; None when it asks for none (a malformed ask too: PreFilter refuses it)."""
-        if gang_size_or_none(pod) is None:
+        if mine.gang_ask.size is None:
             return None
-        members = cluster.workload_pods(gang_key(pod))
-        return gang_of(pod, members.pending, members.bound)
+        members = cluster.workload_pods(mine.gang)
+        return gang_of(pod, mine, members.pending, members.bound)
 
-    def group_name(self, pod: Mapping[str, Any]) -> str | None:
-        return gang_name(pod) if gang_size_or_none(pod) is not None else None
+    def group_name(self, mine: "PodInputs") -> str | None:
+        return gang_name_of(mine.gang) if mine.gang_ask.size is not None else None
 
     def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
-        try:
-            state.write(SIZE, gang_size(pod))
-        except GangError as why:
-            return PreFilterResult(unresolvable(NAME, str(why), "InvalidGang"))
+        ask = inputs(state, pod).gang_ask
+        if ask.problem:
+            return PreFilterResult(unresolvable(NAME, ask.problem, "InvalidGang"))
+        state.write(SIZE, ask.size)
         return ANY_NODE_RESULT
 
     def permit(self, state: CycleState, pod, node) -> Status:
