@@ -5,7 +5,7 @@ other, and its attempts never say it again (bind's recorder writes each once per
 the rest of what the pod asks."""
 from __future__ import annotations
 
-from .plugins.gang import UPSTREAM_POD_GROUP, GangAsk, upstream_gang_notice
+from .gangask import UPSTREAM_POD_GROUP, GangAsk, upstream_gang_notice
 
 
 def pod_notices(upstream: str | None, ask: GangAsk, gang: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -16,7 +16,7 @@ from .devices import device_warnings
 from .fit import gang_key, pod_priority, shares_gpus, workload
 from .notices import pod_notices
 from .placement import ENTRY_ANNOTATION, NotPlaceable, Resolved, map_text, metadata, pool_of, resolve, spec
-from .plugins.gang import GangAsk, gang_ask, member_order, upstream_pod_group
+from .gangask import GangAsk, gang_ask, member_order, upstream_pod_group
 from .records import workload_key
 
 NO_ANNOTATION = "NoAnnotation"

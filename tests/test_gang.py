@@ -14,9 +14,10 @@ from gpu_scheduler.framework.interface import SUCCESS, Code, error, unschedulabl
 from gpu_scheduler.framework.profile import Profile
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.fit import GANG_ANNOTATION
+from gpu_scheduler.gangask import GangError, gang_size
 from gpu_scheduler.plugins.gang import (
-    GANG_ANNOTATION, MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, GangError, WorkloadMembers, gang_of,
-    gang_size,
+    MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, WorkloadMembers, gang_of,
 )
 from gpu_scheduler.plugins.mapentry import MapEntry, resolved
 from gpu_scheduler.podinputs import PodInputs
@@ -274,7 +275,7 @@ def naming_podgroup(pod: dict, group="train-group") -> dict:
     ({"podGroupName": "train-group"}, "train-group"), ({"podGroupName": ""}, None), ({"podGroupName": 7}, None),
     ({}, None), ("train-group", None), (None, None)])
 def test_the_upstream_podgroup_a_pod_names(group, named):
-    from gpu_scheduler.plugins.gang import upstream_pod_group
+    from gpu_scheduler.gangask import upstream_pod_group
 
     pod = member(0)
     if group is not None:

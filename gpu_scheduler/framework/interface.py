@@ -196,8 +196,8 @@ class PodGroup:
     pending: tuple[Mapping[str, Any], ...] = ()
     bound: tuple[str, ...] = ()
     plugin: str = ""  # the PodGroup plugin that formed it; '' for a pod alone
-    # Each pending member's PodInputs, in the order of `pending`: the framework's, worked out once
-    # when it takes the group (a PodGroup plugin leaves them out).
+    # Each pending member's PodInputs, in the order of `pending`: worked out once, when the group
+    # is formed (the PodGroup plugin reads its members through them), and read by their cycle.
     pending_inputs: tuple["PodInputs", ...] = ()
 
     @property
@@ -232,7 +232,7 @@ class PodGroupPlugin(Plugin):
     read through its PodInputs, worked out once by the framework."""
 
     def pod_group(self, pod: Pod, mine: "PodInputs", cluster: Any) -> PodGroup | None:
-        """`mine`: the pod's inputs (the members' the framework works out once the group is formed)."""
+        """`mine`: the pod's inputs. The group gives each pending member's (PodGroup.pending_inputs)."""
         raise NotImplementedError
 
     def group_name(self, mine: "PodInputs") -> str | None:

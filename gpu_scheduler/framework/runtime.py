@@ -272,14 +272,15 @@ class Framework:
     def group_of(self, pod: Mapping[str, Any], cluster: Any, mine: PodInputs | None = None) -> PodGroup:
         """The pods that go through the cycle with `pod` (whose inputs are `mine`, worked out here
         when not given): its PodGroup plugin's group, without the members PreEnqueue holds back (a
-        gated member is not there yet), or `pod` alone; each member with its inputs."""
+        gated member is not there yet), or `pod` alone; each member with its inputs (the plugin's)."""
         mine = mine or PodInputs.of(pod)
         for plugin in self.profile.pod_group:
             group = plugin.pod_group(pod, mine, cluster)
             if group is not None:
-                pending = tuple(m for m in group.pending if _key(m) == mine.key or self.pre_enqueue(m).ok)
-                members = tuple(mine if _key(m) == mine.key else PodInputs.of(m) for m in pending)
-                return dataclasses.replace(group, pending=pending, pending_inputs=members)
+                kept = [(m, i) for m, i in zip(group.pending, group.pending_inputs)
+                        if i.key == mine.key or self.pre_enqueue(m).ok]
+                return dataclasses.replace(group, pending=tuple(m for m, _ in kept),
+                                           pending_inputs=tuple(i for _, i in kept))
         return _alone(pod, mine)
 
     def _quorum(self, group: PodGroup, snapshot_of: Callable[[str], NodeSnapshot], every_member: bool = False
