@@ -111,14 +111,14 @@ def upstream_pod_group(pod: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def upstream_gang_notice(group: str | None, ask: GangAsk, gang: tuple[str, ...]) -> str | None:
+def upstream_gang_notice(group: str | None, ask: GangAsk, gang: str) -> str | None:
     """What a pod that names an upstream PodGroup (`group`, upstream_pod_group) is told, given what
-    it asks of gangs and its gang (fit.gang_key); None for any other pod: bind places it as always,
-    with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
+    it asks of gangs and its gang's name (gang_name_of); None for any other pod: bind places it as
+    always, with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
     kube-scheduler, whose PodGroups they are, does not place this pod either."""
     if group is None:
         return None
-    placed = (f"this pod is placed with its gang {gang_name_of(gang)}" if ask.asked
+    placed = (f"this pod is placed with its gang {gang}" if ask.asked
               else f"this pod is placed on its own (to place replicas together, set {GANG_ANNOTATION} on the pod"
                    " template)")
     return (f"the pod names PodGroup {shown(group)} (spec.schedulingGroup.podGroupName), but gpu-scheduler does not"

@@ -8,9 +8,9 @@ from __future__ import annotations
 from .gangask import UPSTREAM_POD_GROUP, GangAsk, upstream_gang_notice
 
 
-def pod_notices(upstream: str | None, ask: GangAsk, gang: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+def pod_notices(upstream: str | None, ask: GangAsk, gang: str) -> tuple[tuple[str, str], ...]:
     """(Event reason, message) for each notice a pod gets, given the upstream PodGroup it names
-    (gang.upstream_pod_group), what it asks of gangs and its gang; none for almost every pod."""
+    (gangask.upstream_pod_group), what it asks of gangs and its gang's name; none for almost every pod."""
     notices = []
     upstream_notice = upstream_gang_notice(upstream, ask, gang)
     if upstream_notice is not None:

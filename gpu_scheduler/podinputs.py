@@ -16,7 +16,7 @@ from .devices import device_warnings
 from .fit import gang_key, pod_priority, shares_gpus, workload
 from .notices import pod_notices
 from .placement import ENTRY_ANNOTATION, NotPlaceable, Resolved, map_text, metadata, pool_of, resolve, spec
-from .gangask import GangAsk, gang_ask, member_order, upstream_pod_group
+from .gangask import GangAsk, gang_ask, gang_name_of, member_order, upstream_pod_group
 from .records import workload_key
 
 NO_ANNOTATION = "NoAnnotation"
@@ -68,6 +68,7 @@ class PodInputs:
     workload: tuple[str, ...]  # fit.workload
     holder: str  # the workload as device and entry records name it (records.workload_key)
     gang: tuple[str, ...]  # fit.gang_key
+    gang_name: str  # the gang as users know it (gangask.gang_name_of)
     gang_ask: GangAsk  # what its gpu-scheduler/gang asks for (gang.gang_ask)
     order: tuple[int, str]  # its place among its gang's members (gang.member_order)
     priority: int
@@ -85,7 +86,8 @@ class PodInputs:
     def of(cls, pod: Mapping[str, Any]) -> "PodInputs":
         meta = metadata(pod)
         mine, ask, gang, choice = workload(pod), gang_ask(pod), gang_key(pod), entry_choice(pod)
+        gang_name = gang_name_of(gang)
         return cls(str(meta.get("uid") or ""), f"{meta.get('namespace')}/{meta.get('name')}",
-                   str(meta.get("namespace") or ""), mine, workload_key(mine), gang, ask, member_order(pod),
-                   pod_priority(pod), shares_gpus(pod), choice, pod_notices(upstream_pod_group(pod), ask, gang),
+                   str(meta.get("namespace") or ""), mine, workload_key(mine), gang, gang_name, ask, member_order(pod),
+                   pod_priority(pod), shares_gpus(pod), choice, pod_notices(upstream_pod_group(pod), ask, gang_name),
                    held_warnings(pod, choice))

@@ -53,7 +53,7 @@ def gang_of(pod: Mapping[str, Any], mine: PodInputs, pending: Iterable[Mapping[s
     members = {m.key: (p, m) for p, m in listed if m.gang_ask.size is not None}
     members[mine.key] = (pod, mine)
     ordered = sorted(members.values(), key=lambda member: member[1].order)
-    return PodGroup(gang_name_of(mine.gang), mine.gang_ask.size, tuple(p for p, _ in ordered), tuple(sorted(bound)),
+    return PodGroup(mine.gang_name, mine.gang_ask.size, tuple(p for p, _ in ordered), tuple(sorted(bound)),
                     NAME, tuple(m for _, m in ordered))
 
 
@@ -120,7 +120,7 @@ class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
         return gang_of(pod, mine, members.pending, members.bound)
 
     def group_name(self, mine: PodInputs) -> str | None:
-        return gang_name_of(mine.gang) if mine.gang_ask.size is not None else None
+        return mine.gang_name if mine.gang_ask.size is not None else None
 
     def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
         ask = inputs(state, pod).gang_ask
