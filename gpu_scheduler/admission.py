@@ -25,7 +25,7 @@ from .devices import (
 )
 from .plugins.dynamicresources.allocator import POD_CLAIM, claim_name, pool_claim_name
 from .fit import GANG_ANNOTATION
-from .plugins.gang import GangError, gang_size
+from .gangask import GangError, gang_size
 from .placement import MALFORMED_MAP, NotPlaceable, Pool, map_text, metadata, pool_of, resolve, spec
 from .quota import QuotaDodge, check_not_written, quota_requests, resources_patch
 from .templatecount import (

@@ -29,14 +29,15 @@ from .devices import (
     CUDA, MODE_ANNOTATION, NVIDIA, ModeError, device_env, device_mode, device_warnings, pool_device_env,
     shared_devices,
 )
-from .fit import DEVICES_ANNOTATION, gang_key, is_terminal, pool_entry, workload as workload_of
+from .fit import DEVICES_ANNOTATION, GANG_ANNOTATION, gang_key, is_terminal, pool_entry, workload as workload_of
 from .fit import PodInfo
 from .framework.interface import POD_INPUTS, Code, CycleState, Status
 from .framework.runtime import FRAMEWORK as FRAMEWORK_NAME
 from .framework.runtime import PRE_ENQUEUE, Framework, Verdict
 from .framework.snapshot import NodeSnapshot
+from .gangask import GangError, gang_size
 from .plugins import gang as gangs
-from .plugins.gang import GANG_ANNOTATION, GangError, WorkloadMembers, gang_size
+from .plugins.gang import WorkloadMembers
 from .plugins.nodeaffinity import AFFINITY_REASON, node_affinity
 from .plugins.nodeaffinity import NAME as NODE_AFFINITY
 from .queueing import UNSCHEDULABLE_FLUSH_SECONDS, retried_on

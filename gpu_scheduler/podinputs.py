@@ -1,16 +1,22 @@
-"""What scheduling reads of a pending pod, worked out once when its cycle decides it (kube-scheduler's
-PodInfo for the pod being scheduled): who it is, its workload (whose records and pool it shares),
-its gang, its priority, whether it shares GPUs, and the entries of its map it may take (its own by
-its index, or a pool's). The framework writes it in the cycle's state (framework.interface.inputs)
-before PreFilter, and every plugin reads it there rather than reading the pod again."""
+"""What scheduling reads of a pending pod, worked out once per cycle (kube-scheduler's PodInfo for
+the pod being scheduled): who it is, its workload (whose records and pool it shares), its gang and
+what it asks of gangs, its place among its gang's members, its priority, whether it shares GPUs,
+and the entries of its map it may take (its own by its index, or a pool's); and what bind tells it
+(its notices, and its own entry's device warnings once it is bound). Framework.schedule works it
+out at the start of the pod's cycle and gives it to the PodGroup plugins; the cycle's state
+carries it (framework.interface.inputs) to every other plugin, and each Outcome to the shell, so
+none of them reads the pod again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import SCHEDULER_NAME
+from .devices import device_warnings
 from .fit import gang_key, pod_priority, shares_gpus, workload
+from .notices import pod_notices
 from .placement import ENTRY_ANNOTATION, NotPlaceable, Resolved, map_text, metadata, pool_of, resolve, spec
+from .gangask import GangAsk, gang_ask, gang_name_of, member_order, upstream_pod_group
 from .records import workload_key
 
 NO_ANNOTATION = "NoAnnotation"
@@ -43,20 +49,45 @@ def entry_choice(pod: Mapping[str, Any]) -> EntryChoice:
         return EntryChoice((), reason=why.reason, message=why.message)
 
 
+def held_warnings(pod: Mapping[str, Any], choice: EntryChoice) -> tuple[tuple[str, str], ...]:
+    """binding.Bind's device warnings: those of the entry the pod holds by itself (its index's; a
+    pool pod's, the one its Binding recorded), said once it is bound; none when it holds none."""
+    if not choice.pool:
+        return tuple(device_warnings(pod, choice.options[0])) if choice.options else ()
+    try:  # a pool pod's choice is its pool's entries; the one it holds, if any, is its annotation's
+        return tuple(device_warnings(pod, resolve(pod)))
+    except NotPlaceable:
+        return ()
+
+
 @dataclass(frozen=True)
 class PodInputs:
     uid: str
     name: str  # namespace/name
+    namespace: str
     workload: tuple[str, ...]  # fit.workload
     holder: str  # the workload as device and entry records name it (records.workload_key)
     gang: tuple[str, ...]  # fit.gang_key
+    gang_name: str  # the gang as users know it (gangask.gang_name_of)
+    gang_ask: GangAsk  # what its gpu-scheduler/gang asks for (gang.gang_ask)
+    order: tuple[int, str]  # its place among its gang's members (gang.member_order)
     priority: int
     shares: bool  # gpu-scheduler/share-gpus: "true"
     choice: EntryChoice
+    notices: tuple[tuple[str, str], ...]  # (Event reason, message) said once, whatever it comes to
+    warnings: tuple[tuple[str, str], ...]  # (Event reason, message) said when it is bound (held_warnings)
+
+    @property
+    def key(self) -> str:
+        """Its identity: its UID, or its name for a pod not created yet (plan's)."""
+        return self.uid or self.name
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> "PodInputs":
         meta = metadata(pod)
-        mine = workload(pod)
-        return cls(str(meta.get("uid") or ""), f"{meta.get('namespace')}/{meta.get('name')}", mine,
-                   workload_key(mine), gang_key(pod), pod_priority(pod), shares_gpus(pod), entry_choice(pod))
+        mine, ask, gang, choice = workload(pod), gang_ask(pod), gang_key(pod), entry_choice(pod)
+        gang_name = gang_name_of(gang)
+        return cls(str(meta.get("uid") or ""), f"{meta.get('namespace')}/{meta.get('name')}",
+                   str(meta.get("namespace") or ""), mine, workload_key(mine), gang, gang_name, ask, member_order(pod),
+                   pod_priority(pod), shares_gpus(pod), choice, pod_notices(upstream_pod_group(pod), ask, gang_name),
+                   held_warnings(pod, choice))

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from . import ANNOTATION
 from .fit import GANG_ANNOTATION
 from .placement import metadata
-from .plugins.gang import GANG_SIZE
+from .gangask import GANG_SIZE
 from .podindex import JOB_COMPLETIONS, JOBSET_NAME_LABEL, JOBSET_REPLICATED_JOB_LABEL, JOBSET_UID_LABEL
 from .shapes import as_map, as_maps
 

@@ -6,7 +6,8 @@ import json
 
 import yaml
 
-from gpu_scheduler.plugins.gang import GANG_ANNOTATION, gang_size
+from gpu_scheduler.fit import GANG_ANNOTATION
+from gpu_scheduler.gangask import gang_size
 from gpu_scheduler.schedmap import parse_map
 from localcp import demo
 

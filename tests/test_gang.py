@@ -14,11 +14,13 @@ from gpu_scheduler.framework.interface import SUCCESS, Code, error, unschedulabl
 from gpu_scheduler.framework.profile import Profile
 from gpu_scheduler.framework.runtime import Framework
 from gpu_scheduler.framework.snapshot import NodeSnapshot
+from gpu_scheduler.fit import GANG_ANNOTATION
+from gpu_scheduler.gangask import GangError, gang_size
 from gpu_scheduler.plugins.gang import (
-    GANG_ANNOTATION, MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, GangError, WorkloadMembers, gang_of,
-    gang_size,
+    MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST, Gang, WorkloadMembers, gang_of,
 )
 from gpu_scheduler.plugins.mapentry import MapEntry, resolved
+from gpu_scheduler.podinputs import PodInputs
 from test_framework import NODE, Handle, Step
 
 MAP = "0=node2:1\n1=node1:0\n2=node1:1\n"
@@ -118,7 +120,7 @@ def schedule(framework: Framework, group, handle: Members):
 
 def gang(*indexes: int, bound=(), size: str = "true"):
     pods = [member(i, size) for i in indexes]
-    return gang_of(pods[0], pods, bound)
+    return gang_of(pods[0], PodInputs.of(pods[0]), pods, bound)
 
 
 def test_members_missing_decide_nothing_and_say_how_many_exist():
@@ -176,7 +178,7 @@ def test_an_api_failure_while_reserving_releases_all_and_is_retried():
 def test_bound_members_count_so_a_re_created_member_goes_alone():
     handle = Members()
     pods = [member(1)]
-    alone = gang_of(pods[0], pods, ["ns/train-0", "ns/train-2"])
+    alone = gang_of(pods[0], PodInputs.of(pods[0]), pods, ["ns/train-0", "ns/train-2"])
     outcome = schedule(framework(PerNode("s")), alone, handle)
     assert outcome.status.ok and [o.bound for o in outcome.members] == [True]
 
@@ -273,7 +275,7 @@ def naming_podgroup(pod: dict, group="train-group") -> dict:
     ({"podGroupName": "train-group"}, "train-group"), ({"podGroupName": ""}, None), ({"podGroupName": 7}, None),
     ({}, None), ("train-group", None), (None, None)])
 def test_the_upstream_podgroup_a_pod_names(group, named):
-    from gpu_scheduler.plugins.gang import upstream_pod_group
+    from gpu_scheduler.gangask import upstream_pod_group
 
     pod = member(0)
     if group is not None:
@@ -282,9 +284,7 @@ def test_the_upstream_podgroup_a_pod_names(group, named):
 
 
 def test_a_pod_naming_an_upstream_podgroup_is_told_its_gang_is_gpu_scheduler_s():
-    from gpu_scheduler.notices import pod_notices
-
-    [(reason, said)] = pod_notices(naming_podgroup(member(0)))
+    [(reason, said)] = PodInputs.of(naming_podgroup(member(0))).notices
     assert reason == "UpstreamPodGroupIgnored"
     assert said == ("the pod names PodGroup 'train-group' (spec.schedulingGroup.podGroupName), but gpu-scheduler does"
                     " not run upstream gangs (PodGroups): its gangs are the gpu-scheduler/gang annotation's; this pod"
@@ -293,12 +293,10 @@ def test_a_pod_naming_an_upstream_podgroup_is_told_its_gang_is_gpu_scheduler_s()
 
 @pytest.mark.parametrize("gang", ["false", None])
 def test_a_pod_naming_an_upstream_podgroup_and_no_gang_is_told_it_goes_alone(gang):
-    from gpu_scheduler.notices import pod_notices
-
     pod = member(0, gang=gang or "true")
     if gang is None:
         del pod["metadata"]["annotations"][GANG_ANNOTATION]
-    [(_, said)] = pod_notices(naming_podgroup(pod))
+    [(_, said)] = PodInputs.of(naming_podgroup(pod)).notices
     assert said.endswith("this pod is placed on its own (to place replicas together, set gpu-scheduler/gang on the"
                          " pod template)")
 
@@ -306,12 +304,11 @@ def test_a_pod_naming_an_upstream_podgroup_and_no_gang_is_told_it_goes_alone(gan
 def test_a_pod_naming_no_upstream_podgroup_gets_no_notice_and_naming_one_changes_no_decision():
     """The notice is all: the same pod, with or without the PodGroup, decides the same (the framework
     reads no spec.schedulingGroup)."""
-    from gpu_scheduler.notices import pod_notices
     from gpu_scheduler.plugins.registry import new_framework
     from gpu_scheduler.plugins.config import SchedulerConfig
 
     pod = member(1, gang="false")
-    assert pod_notices(pod) == ()
+    assert PodInputs.of(pod).notices == ()
     framework = new_framework(SchedulerConfig())
     snapshot = lambda name: NodeSnapshot(name, {**NODE, "metadata": {"name": name}})  # noqa: E731
     plain, named = framework.decide(pod, snapshot), framework.decide(naming_podgroup(pod), snapshot)

@@ -845,7 +845,7 @@ def test_a_pod_naming_no_podgroup_gets_no_notice():
 
 def test_bind_s_pod_watch_keeps_spec_scheduling_group():
     """bind reads pods through kubeapi.projection.PODS: the notice needs the field kept."""
-    from gpu_scheduler.notices import pod_notices
+    from gpu_scheduler.podinputs import PodInputs
 
     decoded = PODS.object(json.dumps(upstream_pod()).encode())
-    assert pod_notices(decoded)
+    assert PodInputs.of(decoded).notices

@@ -496,7 +496,7 @@ def test_a_gang_with_members_missing_and_one_that_binds():
 
 # -- JobSet and LeaderWorkerSet ------------------------------------------------------------------
 from gpu_scheduler.fit import gang_key, workload as workload_of  # noqa: E402
-from gpu_scheduler.plugins.gang import GANG_SIZE  # noqa: E402
+from gpu_scheduler.gangask import GANG_SIZE  # noqa: E402
 from gpu_scheduler.podindex import JOB_COMPLETIONS, LWS_SIZE_ANNOTATION, index_source  # noqa: E402
 
 WORKERS_MAP = "0=node1:0,1\n1=node1:2,3\n2=node2:0,1\n3=node2:2,3"

@@ -13,7 +13,8 @@ import pytest
 
 from gpu_scheduler.admission import Review, decide
 from gpu_scheduler.fit import gang_key, workload
-from gpu_scheduler.plugins.gang import GangError, gang_name, gang_size
+from gpu_scheduler.gangask import GangError, gang_size
+from gpu_scheduler.plugins.gang import gang_name
 from gpu_scheduler.podindex import IndexUnknown, index_source, pod_index
 from gpu_scheduler.workloads import WorkloadUnreadable, jobset_annotations, jobset_pod
 from kubeapi.errors import APIError

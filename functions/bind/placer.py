@@ -28,7 +28,6 @@ from gpu_scheduler.events import (
 )
 from gpu_scheduler.framework.interface import API_ERROR, RETRY, Code
 from gpu_scheduler.framework.runtime import PERMIT, PRE_BIND, PRE_ENQUEUE, RESERVE, CycleOutcome, Framework, Outcome
-from gpu_scheduler.notices import pod_notices
 from gpu_scheduler.plugins.config import SchedulerConfig
 from gpu_scheduler.plugins.defaultbinder import POD_CHANGED
 from gpu_scheduler.plugins.registry import new_framework
@@ -378,8 +377,7 @@ class Placer:
                 if attempted:
                     attempt = Attempt(self._report(PodRef.of(member.pod), DEFERRED, SCOPED_REFUSAL, quiet=True))
                 continue  # a member not attempted stays as the queue has it (the listing queues it)
-            settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again,
-                                   decision if attempted else None)
+            settled = self._settle(PodRef.of(member.pod), cycle, member, started, attempted, again)
             if attempted:
                 attempt = settled
             else:
@@ -391,7 +389,7 @@ class Placer:
                                  recorder=self.recorder, group_locks=self._group_locks)
 
     def _settle(self, ref: PodRef, cycle: CycleOutcome, outcome: Outcome, started: float, attempted: bool,
-                again: bool, decision: Any = None) -> Attempt:
+                again: bool) -> Attempt:
         """The shell's side of one pod's Outcome: its Events and condition, the log, and the
         queue's verdict. The same for a pod alone and for each member of a gang."""
         status = outcome.status
@@ -399,14 +397,14 @@ class Placer:
             return Attempt(self._report(ref, status.reason, status.message, plugin=status.plugin))
         # What the pod asks for that gpu-scheduler does not do (an upstream PodGroup): said once,
         # at its first cycle, whatever the cycle came to
-        for reason, notice in pod_notices(outcome.pod):
+        for reason, notice in outcome.inputs.notices:
             self.recorder.event_once(ref, WARNING, reason, notice)
         if status.code is Code.SUCCESS:
             if status.already_bound:
                 return Attempt(self._report(ref, ALREADY_BOUND, status.message, outcome.node))
             self.recorder.event(ref, NORMAL, SCHEDULED, scheduled_message(ref, outcome.node), "Binding")
-            # the device warnings of the pod's entry (decided once at the attempt's start for the pod attempted)
-            for reason, warning in getattr(decision or bind_decision(outcome.pod), "warnings", ()):
+            # the device warnings of the pod's entry, worked out with its inputs in its cycle
+            for reason, warning in outcome.inputs.warnings:
                 self.recorder.event(ref, WARNING, reason, warning, "Binding")
             self._attempted("scheduled", started)  # each pod bound, a gang's members too
             return Attempt(self._report(ref, BOUND, "", outcome.node, time.perf_counter() - started))

@@ -196,6 +196,9 @@ class PodGroup:
     pending: tuple[Mapping[str, Any], ...] = ()
     bound: tuple[str, ...] = ()
     plugin: str = ""  # the PodGroup plugin that formed it; '' for a pod alone
+    # Each pending member's PodInputs, in the order of `pending`: worked out once, when the group
+    # is formed (the PodGroup plugin reads its members through them), and read by their cycle.
+    pending_inputs: tuple["PodInputs", ...] = ()
 
     @property
     def alone(self) -> bool:
@@ -225,14 +228,16 @@ class PreEnqueuePlugin(Plugin):
 
 class PodGroupPlugin(Plugin):
     """Which pods go through the cycle with `pod`, and how many of them must be placed together;
-    None: the pod goes alone. `cluster` offers the plugin's listers (its own protocol)."""
+    None: the pod goes alone. `cluster` offers the plugin's listers (its own protocol). The pod is
+    read through its PodInputs, worked out once by the framework."""
 
-    def pod_group(self, pod: Pod, cluster: Any) -> PodGroup | None:
+    def pod_group(self, pod: Pod, mine: "PodInputs", cluster: Any) -> PodGroup | None:
+        """`mine`: the pod's inputs. The group gives each pending member's (PodGroup.pending_inputs)."""
         raise NotImplementedError
 
-    def group_name(self, pod: Pod) -> str | None:
-        """The name of the pod's group without forming it (no I/O): the key its cycle is
-        serialized on. None: the pod goes alone."""
+    def group_name(self, mine: "PodInputs") -> str | None:
+        """The name of the group of the pod whose inputs are `mine`, without forming it (no I/O): the
+        key its cycle is serialized on. None: the pod goes alone."""
         raise NotImplementedError
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .interface import (
     BOUND_ANNOTATIONS, DEVICES, POD_INPUTS, RETRY, SUCCESS, Candidates, Cluster, Code, CycleState, PermitStage, PodGroup,
-    PostFilterResult, Refusal, Status, error, unresolvable,
+    PostFilterResult, Refusal, Status, error, inputs, unresolvable,
 )
 from ..fit import PodInfo
 from ..podinputs import PodInputs
@@ -74,19 +74,22 @@ class Decision:
 @dataclass(frozen=True)
 class MemberDecision:
     pod: Mapping[str, Any]
+    inputs: PodInputs
     decision: Decision
 
     @property
     def name(self) -> str:
-        return _name(self.pod)
+        return self.inputs.name
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What one attempt came to for one pod: bound (SUCCESS), refused, or an ERROR, and in which
-    phase; `node` is the map's node ('' when refused before a node was looked at)."""
+    phase; `node` is the map's node ('' when refused before a node was looked at). `inputs`: the
+    pod's, as its cycle worked them out (what the shell tells the pod is there too)."""
 
     pod: Mapping[str, Any]
+    inputs: PodInputs
     status: Status
     node: str
     phase: str
@@ -98,7 +101,7 @@ class Outcome:
 
     @property
     def uid(self) -> str:
-        return str((self.pod.get("metadata") or {}).get("uid") or "")
+        return self.inputs.uid
 
     def of(self, pod: Mapping[str, Any]) -> bool:
         return _same(pod, self.pod)
@@ -195,10 +198,13 @@ class Framework:
         return _first_not_ok(self.profile.pre_enqueue, lambda p: p.pre_enqueue(pod))
 
     # -- the decision ----------------------------------------------------------------------------
-    def decide(self, pod: Mapping[str, Any], snapshot_of: Callable[[str], NodeSnapshot]) -> Decision:
-        """PreFilter, then Filter on the node PreFilter's results name, on its snapshot."""
+    def decide(self, pod: Mapping[str, Any], snapshot_of: Callable[[str], NodeSnapshot],
+               mine: PodInputs | None = None) -> Decision:
+        """PreFilter, then Filter on the node PreFilter's results name, on its snapshot. `mine`: the
+        pod's inputs as its cycle worked them out (worked out here when it has none: a dry run's)."""
         state = CycleState()
-        state.write(POD_INPUTS, PodInputs.of(pod))  # read once, by every plugin of the cycle
+        mine = mine or PodInputs.of(pod)
+        state.write(POD_INPUTS, mine)  # read by every plugin of the cycle, none reads the pod again
         nodes: frozenset[str] | None = None
         offered: Candidates | None = None
         for plugin in self.profile.pre_filter:
@@ -219,7 +225,7 @@ class Framework:
         decision = None
         for name in sorted(nodes):
             node = snapshot_of(name)
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            uid = mine.uid
             if uid in node.info.uids:  # the pod itself, listed on its node already (a retry): not its own neighbour
                 node = dataclasses.replace(node, info=node.info.without(uid))
             status = self.run_filters(state, pod, node)
@@ -233,7 +239,7 @@ class Framework:
         """Filter on each candidate in turn, each on a copy of the state with the candidate's
         writes, until one passes. Refused on all: one refusal naming each candidate's reason, as
         kube-scheduler summarises its nodes; Unschedulable when preemption may help on one of them."""
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        uid = inputs(state, pod).uid
         snapshots: dict[str, NodeSnapshot] = {}
         refusals: list[tuple[CandidateRefusal, NodeSnapshot, CycleState]] = []
         for candidate in offered.options:
@@ -263,15 +269,19 @@ class Framework:
         status = Status(code, first.plugin, _summary(offered, [r[0] for r in refusals]), first.reason)
         return Decision(status, helped[1], helped[2], FILTER, tuple(r[0] for r in refusals))
 
-    def group_of(self, pod: Mapping[str, Any], cluster: Any) -> PodGroup:
-        """The pods that go through the cycle with `pod`: its PodGroup plugin's group, without the
-        members PreEnqueue holds back (a gated member is not there yet), or `pod` alone."""
+    def group_of(self, pod: Mapping[str, Any], cluster: Any, mine: PodInputs | None = None) -> PodGroup:
+        """The pods that go through the cycle with `pod` (whose inputs are `mine`, worked out here
+        when not given): its PodGroup plugin's group, without the members PreEnqueue holds back (a
+        gated member is not there yet), or `pod` alone; each member with its inputs (the plugin's)."""
+        mine = mine or PodInputs.of(pod)
         for plugin in self.profile.pod_group:
-            group = plugin.pod_group(pod, cluster)
+            group = plugin.pod_group(pod, mine, cluster)
             if group is not None:
-                pending = tuple(m for m in group.pending if _same(pod, m) or self.pre_enqueue(m).ok)
-                return dataclasses.replace(group, pending=pending)
-        return PodGroup(_name(pod), 1, (pod,))
+                kept = [(m, i) for m, i in zip(group.pending, group.pending_inputs)
+                        if i.key == mine.key or self.pre_enqueue(m).ok]
+                return dataclasses.replace(group, pending=tuple(m for m, _ in kept),
+                                           pending_inputs=tuple(i for _, i in kept))
+        return _alone(pod, mine)
 
     def _quorum(self, group: PodGroup, snapshot_of: Callable[[str], NodeSnapshot], every_member: bool = False
                 ) -> _Quorum:
@@ -302,18 +312,19 @@ class Framework:
         placeable members assumed: members that choose among places (a pool's entries) then take
         different ones, and what earlier members take counts for the later ones."""
         if group.alone:
-            return tuple(MemberDecision(pod, self.decide(pod, snapshot_of)) for pod in group.pending)
+            return tuple(MemberDecision(pod, mine, self.decide(pod, snapshot_of, mine))
+                         for pod, mine in zip(group.pending, group.pending_inputs))
         taken: dict[str, NodeSnapshot] = {}
 
         def with_taken(name: str) -> NodeSnapshot:
             return taken[name] if name in taken else snapshot_of(name)
 
         members = []
-        for pod in group.pending:
-            decision = self.decide(pod, with_taken)
+        for pod, mine in zip(group.pending, group.pending_inputs):
+            decision = self.decide(pod, with_taken, mine)
             if decision.status.ok and decision.node is not None:
                 taken[decision.node.name] = self.assume(decision, pod)
-            members.append(MemberDecision(pod, decision))
+            members.append(MemberDecision(pod, mine, decision))
         return tuple(members)
 
     def _permit_group(self, group: PodGroup, stage: PermitStage, ready: int, first: MemberDecision | None,
@@ -333,10 +344,11 @@ class Framework:
 
     def evaluate(self, pod: Mapping[str, Any], cluster: Any) -> Verdict:
         """What bind's next attempt would decide for `pod` and its group, nothing written."""
+        mine = PodInputs.of(pod)
         status = self.pre_enqueue(pod)
         if not status.ok:
-            return Verdict(status, PRE_ENQUEUE, PodGroup(_name(pod), 1, (pod,)), ())
-        group = self.group_of(pod, cluster)
+            return Verdict(status, PRE_ENQUEUE, _alone(pod, mine), ())
+        group = self.group_of(pod, cluster, mine)
         cluster.group_formed(group.pending)
         quorum = self._quorum(group, cluster.snapshot, every_member=True)
         waits_on = quorum.waits_on
@@ -354,21 +366,23 @@ class Framework:
 
     # -- bind's attempt ----------------------------------------------------------------------------
     def schedule(self, pod: Mapping[str, Any], cluster: Cluster) -> CycleOutcome:
-        """bind's attempt at `pod` and its group (the module's docstring)."""
+        """bind's attempt at `pod` and its group (the module's docstring). The pod's inputs are
+        worked out here, once: its group's plugins, its cycle's and the shell read them."""
+        mine = PodInputs.of(pod)
         status = self.pre_enqueue(pod)
         if not status.ok:
-            alone = PodGroup(_name(pod), 1, (pod,))
-            return CycleOutcome(status, alone, (Outcome(pod, status, "", PRE_ENQUEUE),))
-        name = next((n for n in (p.group_name(pod) for p in self.profile.pod_group) if n is not None), None)
+            return CycleOutcome(status, _alone(pod, mine), (Outcome(pod, mine, status, "", PRE_ENQUEUE),))
+        name = next((n for n in (p.group_name(mine) for p in self.profile.pod_group) if n is not None), None)
         if name is None:
-            return self._cycle(pod, PodGroup(_name(pod), 1, (pod,)), cluster)
+            return self._cycle(pod, mine, _alone(pod, mine), cluster)
         with cluster.group_lock(name):  # one attempt per group at a time in this instance
             if cluster.assumed(pod):  # bound with its group by the attempt this one waited for
                 done = Status(Code.SUCCESS, "", f"bound with {name}", already_bound=True)
-                return CycleOutcome(done, PodGroup(name, 1, (pod,)), (Outcome(pod, done, "", BIND),))
-            return self._cycle(pod, self.group_of(pod, cluster), cluster)  # as it is after that attempt
+                return CycleOutcome(done, PodGroup(name, 1, (pod,), pending_inputs=(mine,)),
+                                    (Outcome(pod, mine, done, "", BIND),))
+            return self._cycle(pod, mine, self.group_of(pod, cluster, mine), cluster)  # as it is after that attempt
 
-    def _cycle(self, pod: Mapping[str, Any], group: PodGroup, cluster: Cluster) -> CycleOutcome:
+    def _cycle(self, pod: Mapping[str, Any], mine: PodInputs, group: PodGroup, cluster: Cluster) -> CycleOutcome:
         cluster.group_formed(group.pending)
         quorum = self._quorum(group, cluster.snapshot)
         if not quorum.status.ok:
@@ -405,10 +419,11 @@ class Framework:
                                                 (member, status)) or status
                 elif status.code is Code.ERROR:
                     status = dataclasses.replace(status, message=f"gang {group.name}: member {member}: {status.message}")
-            members = tuple(Outcome(m.pod, status, m.decision.node_name, phase, m.decision) for m in quorum.members)
-            return CycleOutcome(status, group, members, Outcome(pod, status, node, phase))
+            members = tuple(Outcome(m.pod, m.inputs, status, m.decision.node_name, phase, m.decision)
+                            for m in quorum.members)
+            return CycleOutcome(status, group, members, Outcome(pod, mine, status, node, phase))
         bound = cluster.each([lambda m=m, p=p: self._bind(m, p, group, cluster) for m, p in reserved])
-        outcomes = tuple(Outcome(m.pod, status, m.decision.node_name, BIND, m.decision)
+        outcomes = tuple(Outcome(m.pod, m.inputs, status, m.decision.node_name, BIND, m.decision)
                          for (m, _), status in zip(reserved, bound)) + alone
         failed = next((o for o in outcomes if o.phase == BIND and not o.bound), None)
         return CycleOutcome(failed.status if failed else SUCCESS, group, _first(pod, outcomes), failed)
@@ -432,12 +447,13 @@ class Framework:
                 waits_on = next(m for m in quorum.refused if m.pod is refusals[result.blocked].pod)
             break
         decided = {id(m.pod): m.decision for m in quorum.members}
-        members = tuple(Outcome(p, status, decided[id(p)].node_name if id(p) in decided else "", phase,
+        group = quorum.group
+        members = tuple(Outcome(p, i, status, decided[id(p)].node_name if id(p) in decided else "", phase,
                                 decided.get(id(p)))
-                        for p in quorum.group.pending)
+                        for p, i in zip(group.pending, group.pending_inputs))
         waits = _outcome(waits_on, waits_on.decision.status) if waits_on else None
         if status.code is Code.ERROR and phase == POST_FILTER:
-            waits = Outcome(quorum.group.pending[0], status, "", POST_FILTER)
+            waits = Outcome(group.pending[0], group.pending_inputs[0], status, "", POST_FILTER)
         return CycleOutcome(status, quorum.group, members, waits, preemption)
 
     def _reserve(self, member: MemberDecision, group: PodGroup, cluster: Cluster
@@ -449,7 +465,8 @@ class Framework:
             if cluster.assume(as_bound(member.pod, member.decision.state), member.decision.node,
                               member.decision.devices):
                 break
-            member = MemberDecision(member.pod, self.decide(member.pod, cluster.snapshot))
+            decision = self.decide(member.pod, cluster.snapshot, member.inputs)
+            member = MemberDecision(member.pod, member.inputs, decision)
             if not member.decision.status.ok:
                 return member, member.decision.status, [], member.decision.phase
         else:
@@ -544,9 +561,9 @@ def _first(pod: Mapping[str, Any], outcomes: Sequence[Outcome]) -> tuple[Outcome
     return tuple(sorted(outcomes, key=lambda o: o.pod is not pod))
 
 
-def _name(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+def _alone(pod: Mapping[str, Any], mine: PodInputs) -> PodGroup:
+    """The group of a pod that goes alone."""
+    return PodGroup(mine.name, 1, (pod,), pending_inputs=(mine,))
 
 
 def _short(pod: Mapping[str, Any]) -> str:
@@ -555,7 +572,8 @@ def _short(pod: Mapping[str, Any]) -> str:
 
 
 def _outcome(member: MemberDecision, status: Status) -> Outcome:
-    return Outcome(member.pod, status, member.decision.node_name, member.decision.phase, member.decision)
+    return Outcome(member.pod, member.inputs, status, member.decision.node_name, member.decision.phase,
+                   member.decision)
 
 
 def _first_not_ok(plugins, run: Callable[[Any], Status], stop_at_success: bool = False) -> Status:

@@ -5,9 +5,11 @@ namespace; a whole JobSet, all its replicated jobs; one group of a LeaderWorkerS
 workers), and its members are its non-terminal pods; bound members count toward the quorum,
 as in scheduler-plugins' coscheduling, so a member re-created while the rest are bound goes alone.
 
-This module is the one place that knows a pod's gang. PodGroup forms it from the workload's pods
-(the handle's WorkloadPods lister); the framework leaves out members PreEnqueue holds back (a gated
-member is not there yet). PreFilter refuses a malformed value (only the pod can fix it). Permit
+This module is the one place that knows a pod's gang; what a pod asks of it (gangask.py) is read
+once per cycle with the rest of its inputs (PodInputs), which every part here reads. PodGroup forms
+the gang from the workload's pods (the handle's WorkloadPods lister), each member with its inputs;
+the framework leaves out members PreEnqueue holds back (a gated member is not there yet).
+PreFilter refuses a malformed value (only the pod can fix it). Permit
 is the quorum, asked of the group by the framework's one cycle: enough members exist, enough are
 placeable on their own (nothing reserved yet), enough are reserved. Nothing is reserved before the
 second says yes, so a gang that cannot complete holds no device while it waits; kube-scheduler's
@@ -18,152 +20,45 @@ quorum, because bind tells each waiting member how many exist (a FailedSchedulin
 current), and PreEnqueue refusals are silent by kube-scheduler's rule (a gated pod gets no Event)."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from ..framework.interface import (
     ANY_NODE_RESULT, SKIP, SUCCESS, Code, CycleState, PermitPlugin, PermitStage, PodGroup, PodGroupPlugin,
-    PreFilterPlugin, PreFilterResult, Status, unresolvable, unschedulable,
+    PreFilterPlugin, PreFilterResult, Status, inputs, unresolvable, unschedulable,
 )
-from ..fit import GANG_ANNOTATION, gang_key, workload
-from ..placement import map_text, metadata, spec
-from ..podindex import LWS_SIZE_ANNOTATION, IndexUnknown, pod_index
-from ..schedmap import MapError, parse_map, shown
+from ..fit import gang_key
+from ..gangask import gang_ask, gang_name_of
+from ..podinputs import PodInputs
 
 NAME = "Gang"
-# Written by mutate on a JobSet's pods that ask for a gang: how many pods the JobSet's gang has.
-GANG_SIZE = "gpu-scheduler/gang-size"
 SIZE = "Gang/size"  # CycleState: the gang size the pod asks for, None when it is no gang's member
 MEMBERS_MISSING, MEMBERS_REFUSED, RESERVATION_LOST = "GangMembersMissing", "GangMemberRefused", "GangReservationLost"
-# kube-scheduler's own gangs (Kubernetes 1.36+, feature gate GenericWorkload): a pod names its
-# PodGroup in spec.schedulingGroup.podGroupName. bind does not run them; the Warning Event it
-# gives such a pod once (upstream_gang_notice) has this reason.
-UPSTREAM_POD_GROUP = "UpstreamPodGroupIgnored"
-
-
-class GangError(ValueError):
-    """A malformed gpu-scheduler/gang value, in words that name the fix."""
-
-
-def gang_size(pod: Mapping[str, Any]) -> int | None:
-    """How many replicas the pod's gang needs, or None when the pod is no gang's member.
-    GangError for a value that is neither "true", "false" nor a number from 1 to the gang's pods.
-
-    "true" is every pod the gang can have: every entry of the map; a LeaderWorkerSet group's
-    `size`; for a JobSet, replicas × parallelism summed over its replicated jobs that ask for the
-    gang (mutate reads the JobSet and writes it, GANG_SIZE)."""
-    meta = metadata(pod)
-    annotations = meta.get("annotations") or {}
-    value = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if value is None or value == "false":
-        return None
-    fix = (f'set {GANG_ANNOTATION} to "true" (the gang is every pod of the workload), to the number of replicas'
-           ' the gang needs, or to "false"')
-    if not isinstance(value, str) or not (value == "true" or (value.isascii() and value.isdigit())):
-        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} is not a gang size: {fix}")
-    whole, what = _whole_gang(pod, annotations)
-    if value == "true":
-        return max(whole, 1)
-    size = int(value[:12])  # more digits than that exceed any map
-    if size < 1 or (whole and size > whole):
-        raise GangError(f"{GANG_ANNOTATION}: {shown(value)} must be from 1 to {what}: {fix}")
-    return size
-
-
-def _whole_gang(pod: Mapping[str, Any], annotations: Mapping[str, Any]) -> tuple[int, str]:
-    """How many pods the pod's whole gang has (0: unknown, for a malformed map), and what that is."""
-    kind = workload(pod)
-    if kind[0] == "owner" and kind[2] == "LeaderWorkerSet":
-        size = annotations.get(LWS_SIZE_ANNOTATION)
-        if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 12):
-            raise GangError(f"a pod of LeaderWorkerSet {kind[3]} without annotation {LWS_SIZE_ANNOTATION}, which its"
-                            " controller sets: its group's size is unknown")
-        return int(size), f"the group's size, {size}"
-    if kind[0] == "owner" and kind[2] == "JobSet":
-        size = annotations.get(GANG_SIZE)
-        if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 12):
-            raise GangError(f"a pod of JobSet {kind[3]} without annotation {GANG_SIZE} (the pods of the JobSet's gang,"
-                            " which gpu-scheduler's webhook writes when it admits the pod): check that the webhook"
-                            " is installed and running, then delete the pod (its Job re-creates it)")
-        return int(size), f"the {size} pods of the JobSet that ask for the gang"
-    entries = _entries(map_text(pod) or "")
-    return entries, f"the map's {entries} entries"
-
-
-@functools.lru_cache(maxsize=256)
-def _entries(text: str) -> int:
-    """The number of entries of a map (0 for a malformed one: MapEntry refuses the map itself, with
-    its own words). Kept per text: every member of a gang carries the same map, and its group is
-    formed at each member's attempt."""
-    try:
-        return len(parse_map(text))
-    except MapError:
-        return 0
-
-
-def upstream_pod_group(pod: Mapping[str, Any]) -> str | None:
-    """The upstream PodGroup the pod names (spec.schedulingGroup.podGroupName), or None."""
-    group = spec(pod).get("schedulingGroup")
-    name = group.get("podGroupName") if isinstance(group, Mapping) else None
-    return name if isinstance(name, str) and name else None
-
-
-def upstream_gang_notice(pod: Mapping[str, Any]) -> str | None:
-    """What a pod that names an upstream PodGroup is told (None for any other): bind places it as
-    always, with its gpu-scheduler/gang or alone, and never waits for the PodGroup. Not a refusal:
-    kube-scheduler, whose PodGroups they are, does not place this pod either."""
-    group = upstream_pod_group(pod)
-    if group is None:
-        return None
-    annotations = metadata(pod).get("annotations")
-    asked = annotations.get(GANG_ANNOTATION) if isinstance(annotations, Mapping) else None
-    placed = (f"this pod is placed with its gang {gang_name(pod)}" if asked not in (None, "false")
-              else f"this pod is placed on its own (to place replicas together, set {GANG_ANNOTATION} on the pod"
-                   " template)")
-    return (f"the pod names PodGroup {shown(group)} (spec.schedulingGroup.podGroupName), but gpu-scheduler does not"
-            f" run upstream gangs (PodGroups): its gangs are the {GANG_ANNOTATION} annotation's; {placed}")
 
 
 def gang_name(pod: Mapping[str, Any]) -> str:
-    """The gang as users know it: <namespace>/<controller>, a LeaderWorkerSet's group, or a bare
-    pods' map."""
-    who = gang_key(pod)
-    if who[0] == "owner":
-        return f"{who[1]}/{who[3]}" + (f" group {who[4]}" if len(who) > 4 else "")
-    return f"{who[1]}/pods of one map"
+    """The gang as users know it (gang_name_of the pod's gang_key)."""
+    return gang_name_of(gang_key(pod))
 
 
-def _index(pod: Mapping[str, Any]) -> tuple[int, str]:
-    try:
-        return pod_index(metadata(pod)), str(metadata(pod).get("name") or "")
-    except IndexUnknown:
-        return 1 << 62, str(metadata(pod).get("name") or "")
-
-
-def gang_of(pod: Mapping[str, Any], pending: Iterable[Mapping[str, Any]], bound: Iterable[str]) -> PodGroup | None:
-    """The gang `pod` belongs to, from its workload's pending pods that ask for a gang and its
-    bound pods' names (`pod` itself among the pending ones or not); None when it is no gang's
-    member. GangError as gang_size."""
-    size = gang_size(pod)
-    if size is None:
+def gang_of(pod: Mapping[str, Any], mine: PodInputs, pending: Iterable[Mapping[str, Any]], bound: Iterable[str]
+            ) -> PodGroup | None:
+    """The gang `pod` (whose inputs are `mine`) belongs to, from its workload's pending pods that ask
+    for a gang and its bound pods' names (`pod` itself among the pending ones or not), each member
+    with its inputs; None when it is no gang's member (or its ask is malformed: PreFilter refuses it)."""
+    if mine.gang_ask.size is None:
         return None
-    members = {_key(p): p for p in pending if gang_size_or_none(p) is not None}  # those that ask for a gang
-    members[_key(pod)] = pod
-    return PodGroup(gang_name(pod), size, tuple(sorted(members.values(), key=_index)), tuple(sorted(bound)), NAME)
-
-
-def _key(pod: Mapping[str, Any]) -> str:
-    """A member's identity: its UID, or its name for a pod not created yet (plan's)."""
-    meta = metadata(pod)
-    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    # each listed pod read once, here: its inputs say whether it asks for a gang, and its order
+    listed = ((p, PodInputs.of(p)) for p in pending)
+    members = {m.key: (p, m) for p, m in listed if m.gang_ask.size is not None}
+    members[mine.key] = (pod, mine)
+    ordered = sorted(members.values(), key=lambda member: member[1].order)
+    return PodGroup(mine.gang_name, mine.gang_ask.size, tuple(p for p, _ in ordered), tuple(sorted(bound)),
+                    NAME, tuple(m for _, m in ordered))
 
 
 def gang_size_or_none(pod: Mapping[str, Any]) -> int | None:
-    try:
-        return gang_size(pod)
-    except GangError:
-        return None
+    return gang_ask(pod).size
 
 
 def members_exist(gang: PodGroup) -> Status:
@@ -217,21 +112,21 @@ class Gang(PodGroupPlugin, PreFilterPlugin, PermitPlugin):
     # A gang waits on its members: their own refusals are retried on their plugins' events, and a
     # new member is a new pod (always tried). Nothing else can undo a gang's refusal.
 
-    def pod_group(self, pod: Mapping[str, Any], cluster: WorkloadPods) -> PodGroup | None:
+    def pod_group(self, pod: Mapping[str, Any], mine: PodInputs, cluster: WorkloadPods) -> PodGroup | None:
         """The pod's gang; None when it asks for none (a malformed ask too: PreFilter refuses it)."""
-        if gang_size_or_none(pod) is None:
+        if mine.gang_ask.size is None:
             return None
-        members = cluster.workload_pods(gang_key(pod))
-        return gang_of(pod, members.pending, members.bound)
+        members = cluster.workload_pods(mine.gang)
+        return gang_of(pod, mine, members.pending, members.bound)
 
-    def group_name(self, pod: Mapping[str, Any]) -> str | None:
-        return gang_name(pod) if gang_size_or_none(pod) is not None else None
+    def group_name(self, mine: PodInputs) -> str | None:
+        return mine.gang_name if mine.gang_ask.size is not None else None
 
     def pre_filter(self, state: CycleState, pod) -> PreFilterResult:
-        try:
-            state.write(SIZE, gang_size(pod))
-        except GangError as why:
-            return PreFilterResult(unresolvable(NAME, str(why), "InvalidGang"))
+        ask = inputs(state, pod).gang_ask
+        if ask.problem:
+            return PreFilterResult(unresolvable(NAME, ask.problem, "InvalidGang"))
+        state.write(SIZE, ask.size)
         return ANY_NODE_RESULT
 
     def permit(self, state: CycleState, pod, node) -> Status:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..framework.events import NODE_UPDATE, POD_UPDATE, QUOTA_ADD, QUOTA_DELETE, QUOTA_UPDATE
-from ..framework.interface import SUCCESS, FilterPlugin, unresolvable
+from ..framework.interface import SUCCESS, FilterPlugin, inputs, unresolvable
 from ..placement import metadata
 from ..quota import PRODUCT_LABEL, counted, quota_requests, quotas_counting
 from .mapentry import resolved
@@ -84,8 +84,9 @@ class GPUQuota(FilterPlugin):
         self.enabled = enabled
 
     def filter(self, state, pod, node):
-        if not self.enabled or not metadata(pod).get("uid"):
+        mine = inputs(state, pod)
+        if not self.enabled or not mine.uid:
             return SUCCESS
-        quotas = None if node.quotas is None else list(node.quotas.get(str(metadata(pod).get("namespace") or ""), ()))
+        quotas = None if node.quotas is None else list(node.quotas.get(mine.namespace, ()))
         problem = uncounted(pod, len(resolved(state).placement.devices), node.node, quotas)
         return unresolvable(NAME, problem, NOT_COUNTED) if problem else SUCCESS
