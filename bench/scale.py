@@ -48,6 +48,7 @@ from localcp.stack import BIND_ACCOUNT, LocalStack
 
 BEFORE_REWRITE = "3efd3e2"  # main before bind's watch-fed queue and GPU Leases
 BEFORE = "fa0e197"  # main before issue 62 (CPU per placement): bind as it was, beside this tree's
+BEFORE_ISSUE_39 = "69da217"  # main before bind decoded only what it reads: `make bench`'s create-to-bound beside it
 STATUS_UPDATES = 2000  # at most: status updates of pods bound elsewhere, per bind measured
 CREATORS = 16  # threads creating objects in bulk
 NODE_LEASES = "kube-node-lease"
