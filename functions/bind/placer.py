@@ -160,7 +160,8 @@ class Placer:
             self._started = True
 
     def readiness(self) -> Readiness:
-        """Ready when it can place: an API configuration, its views listed once, and its records
+        """Ready when it can place: an API configuration, its views listed once (the pods' as its
+        pending pods: until every pod is listed a cycle reads its own, scope.py), and its records
         writable (their namespace exists and bind may create Leases there)."""
         if self.api is None:
             return Readiness(False, f"no Kubernetes API configuration: {self.problem}")
