@@ -64,6 +64,7 @@ class Views:
             # GPUQuota refuses a pod counted for too few GPUs only where a quota of its namespace counts them.
             self.informers.append(Informer("resourcequotas", api.list_resource_quotas_all, api.watch_resource_quotas,
                                            handlers.replace_quotas, handlers.apply_quota))
+        self._pods = self.informers[0]
         # Until the pod informer's first listing is in, what a decision reads of the pods is read
         # for it (scope.py).
         self.scope = ScopedReads(api, handlers.merge_pods, lambda: self.cache.pods_listed, NOT_TERMINAL,
@@ -93,18 +94,21 @@ class Views:
     def _others_listed(self) -> None:
         """Returns once every view but the pods' is listed (scope.py)."""
         for informer in self.informers:
-            if informer.name != "pods":
+            if informer is not self._pods:
                 informer.synced.wait()
 
     def synced(self) -> bool:
         """Every view is listed whole: the pods' too."""
         return all(informer.synced.is_set() for informer in self.informers)
 
+    def _waiting(self) -> list[Informer]:
+        """The views bind cannot decide without yet: each one not listed, but the pods' once bind's
+        pending pods are (scope.py: until then each decision reads its own pods)."""
+        return [informer for informer in self.informers if not informer.synced.is_set()
+                and (informer is not self._pods or not self.scope.pending_listed.is_set())]
+
     def can_place(self) -> bool:
-        """bind may decide: every view but the pods' listed whole, and the pods' listed whole or
-        bind's pending pods listed (scope.py: until then each decision reads its own pods)."""
-        return all(informer.synced.is_set() or (informer.name == "pods" and self.scope.pending_listed.is_set())
-                   for informer in self.informers)
+        return not self._waiting()
 
     def pods_listed(self) -> bool:
         """The pod watch's first listing is in: every pod is in the view, none is read for a cycle."""
@@ -118,8 +122,7 @@ class Views:
 
     def sync_problem(self) -> str:
         """Why the views are not listed yet, in words (readiness)."""
-        waiting = [i for i in self.informers if not i.synced.is_set()
-                   and (i.name != "pods" or not self.scope.pending_listed.is_set())]
+        waiting = self._waiting()
         problems = list(dict.fromkeys(i.problem for i in waiting if i.problem))  # one kind's missing API: said once
         return "; ".join(problems) if problems else f"listing {', '.join(i.name for i in waiting) or 'nothing'}"
 
