@@ -92,7 +92,9 @@ def main() -> int:
                 print(f"fit cost: {value['skipped']}")
         elif key == "admission":
             print(f"admission median ratio {value['median_ratio']:.2f} ({value['without_ms']['p50']:.1f} -> "
-                  f"{value['with_ms']['p50']:.1f} ms), p99 ratio {value['p99_ratio']:.2f}")
+                  f"{value['with_ms']['p50']:.1f} ms), p99 ratio {value['p99_ratio']:.2f}; over the null webhook "
+                  f"{value['over_null_ratio']:.2f} ({value['null_ms']['p50']:.1f} ms), over it answering with mutate's "
+                  f"patch {value['over_null_patch_ratio']:.2f} ({value['null_patch_ms']['p50']:.1f} ms)")
         elif key == "placement_peers":
             print(f"create-to-bound bind/kube-scheduler {value['ratio']:.2f} ({value['bind']['bound_per_s']:.1f}/"
                   f"{value['kube-scheduler']['bound_per_s']:.1f}/s; creation {value['bind']['create_per_s']:.1f}/"

@@ -50,3 +50,22 @@ def test_every_name_read_from_another_bench_module_exists(path):
     missing = sorted({f"{modules[node.value.id]}.{node.attr} (line {node.lineno})" for node in module_reads(tree, modules)
                       if not hasattr(importlib.import_module(modules[node.value.id]), node.attr)})
     assert not missing, f"{path.name} reads names its bench modules do not have: {missing}"
+
+
+def test_the_null_webhooks_patch_is_mutates_for_the_bench_pod():
+    """bench/nullwebhook.py answers at /patch with mutate's patch, fixed: it must stay mutate's
+    for the pods the admission bench creates, or the comparison is of two different pods."""
+    import base64
+    import json
+    import uuid
+
+    from bench import nullwebhook, run
+    from gpu_scheduler.admission import admission_response
+
+    pod = run.pod("bench", 0, run.map_for(300))
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+                          "namespace": "bench", "object": pod}}
+    response, _ = admission_response(review)
+    assert json.loads(base64.b64decode(response["response"]["patch"])) == nullwebhook.MUTATES_PATCH_OPS
