@@ -121,7 +121,7 @@ class Placer:
             self.views = Views(api, self.namespace, self.queue, dra=self.config.dra_enabled,
                                admits=lambda pod: self.framework.pre_enqueue(pod).ok,
                                quotas=self.config.scheduler.quota, dra_required=dra_required)
-            self.recorder = Recorder(api, self.config.identity)
+            self.recorder = Recorder(api, self.config.identity, placing=self.queue.placing)
 
     @classmethod
     def from_environment(cls) -> "Placer":

@@ -1,5 +1,6 @@
 """Writes Events and PodScheduled conditions in the background, as client-go's recorder does:
-placement never waits on them, and a full queue drops (and counts) rather than blocks."""
+placement never waits on them, and a full queue drops (and counts) rather than blocks. While
+this instance has pods to place, they wait behind its Bindings (Recorder: `placing`)."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,12 @@ log = logging.getLogger("bind.recorder")
 # A gang's waiting members hear how many of them exist at most this often (event_later): a gang of
 # 100 created in 3 s would otherwise rewrite every member's Event at every member's creation.
 LATER_SECONDS = 1.5
+# While this instance has pods to try or attempts in flight, a write waits until it has none, for
+# at most this long after it was asked for, and only while the queue is under DEFER_FILL full:
+# the API server's time goes to Bindings first (issue 62: a backlog of pods sharing devices wrote
+# two Events per Binding, and the drain took the writes' time), and nothing is dropped for waiting.
+DEFER_SECONDS = 2.0
+DEFER_FILL = 0.75
 DROPPED = prom.Counter("gpu_scheduler_recorder_dropped_total", "Events and conditions not written", ["why"])
 
 
@@ -27,10 +34,16 @@ def now() -> str:
 
 
 class Recorder:
-    def __init__(self, api, instance: str, capacity: int = 1000, remembered: int = 4096):
+    def __init__(self, api, instance: str, capacity: int = 1000, remembered: int = 4096,
+                 placing: Callable[[], bool] = lambda: False):
+        """`placing`: whether this instance has pods to try now or attempts in flight (its
+        scheduling queue's); the writes wait behind those placements (DEFER_SECONDS)."""
         self.api = api
         self.instance = instance
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(capacity)
+        self._placing = placing
+        self._hurry = 0  # flushes waiting: nothing waits behind placements meanwhile
+        self._hurry_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[float, Callable[[], None]] | None] = queue.Queue(capacity)
         self._counts: OrderedDict[str, int] = OrderedDict()  # Event name -> count written
         self._conditions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # pod uid -> written
         self._keyed: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # (uid, reason, key) -> last message
@@ -101,10 +114,17 @@ class Recorder:
             self._submit(lambda: self._write_condition(pod, reason, message))
 
     def flush(self, timeout: float = 10) -> None:
-        """Wait until everything submitted so far is written (tests, shutdown)."""
+        """Wait until everything submitted so far is written (tests, shutdown), at once: nothing
+        waits behind placements meanwhile."""
         done = threading.Event()
-        self._submit(done.set)
-        done.wait(timeout)
+        with self._hurry_lock:
+            self._hurry += 1
+        try:
+            self._submit(done.set)
+            done.wait(timeout)
+        finally:
+            with self._hurry_lock:
+                self._hurry -= 1
 
     def _submit(self, work: Callable[[], None]) -> None:
         # Started on first use, not at import: gunicorn imports the function in its master and
@@ -115,12 +135,14 @@ class Recorder:
                     self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
                     self._thread.start()
         try:
-            self._queue.put_nowait(work)
+            self._queue.put_nowait((time.monotonic(), work))
         except queue.Full:
             DROPPED.labels("queue-full").inc()
 
     def _run(self) -> None:
-        while (work := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            asked, work = item
+            self._after_placements(asked)
             try:
                 work()
             except APIError as error:
@@ -129,6 +151,16 @@ class Recorder:
             except Exception as error:  # the API may be down: the next failure writes again
                 DROPPED.labels("unreachable").inc()
                 log.info("event or condition not written", extra={"detail": str(error)})
+
+    def _after_placements(self, asked: float) -> None:
+        """Wait while this instance is placing, until DEFER_SECONDS after `asked`, unless the
+        queue fills (a write dropped for waiting would be lost) or a flush waits."""
+        room = self._queue.maxsize * DEFER_FILL
+        while self._placing() and not self._hurry and self._queue.qsize() < room:
+            left = asked + DEFER_SECONDS - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.02))
 
     def _remember(self, cache: OrderedDict, key: str, value) -> None:
         cache[key] = value

@@ -221,6 +221,11 @@ class SchedulingQueue:
         PENDING_PODS.labels("backoff").set_function(lambda: len(self._backoff_at))
         PENDING_PODS.labels("unschedulable").set_function(lambda: len(self._unschedulable))
 
+    def placing(self) -> bool:
+        """Whether a pod is to be tried now or an attempt is in flight (read without the lock:
+        a hint for the Event recorder, which waits behind placements)."""
+        return bool(self._in_active or self._in_flight)
+
     def sizes(self) -> dict[str, int]:
         with self._cond:
             return {"active": len(self._in_active), "backoff": len(self._backoff_at),
