@@ -58,8 +58,10 @@ class ScopedReads:
                 started = time.monotonic()
                 pending = self.api.list_pods(PENDING_SELECTOR, projection.PODS)
                 # Queued once bind can decide: a pod tried before the nodes are listed would wait
-                # out a backoff (0.5 s) for nothing.
+                # out a backoff (0.5 s) for nothing. So would one a worker takes from the queue
+                # before this listing counts as in (Views.can_place): it is marked in first.
                 self._others_listed()
+                self.pending_listed.set()
                 self._merge([pending])
                 log.info("listed", extra={"view": "pending pods (scoped)",
                                           "took_ms": round((time.monotonic() - started) * 1000, 1)})
