@@ -470,10 +470,10 @@ def admission_overhead(stack: LocalStack, n: int, reps: int) -> dict:
             stack.register_webhook()
             time.sleep(1)
             with_hook += create_latencies(stack, n, map_text)
-    return {"without_ms": {"p50": statistics.median(without) * 1000, "p99": percentile(without, 99) * 1000},
-            "null_ms": {"p50": statistics.median(null) * 1000, "p99": percentile(null, 99) * 1000},
-            "null_patch_ms": {"p50": statistics.median(null_patch) * 1000, "p99": percentile(null_patch, 99) * 1000},
-            "with_ms": {"p50": statistics.median(with_hook) * 1000, "p99": percentile(with_hook, 99) * 1000},
+
+    def ms(latencies: list[float]) -> dict[str, float]:
+        return {"p50": statistics.median(latencies) * 1000, "p99": percentile(latencies, 99) * 1000}
+    return {"without_ms": ms(without), "null_ms": ms(null), "null_patch_ms": ms(null_patch), "with_ms": ms(with_hook),
             "median_ratio": statistics.median(with_hook) / statistics.median(without),
             "over_null_ratio": statistics.median(with_hook) / statistics.median(null),
             "over_null_patch_ratio": statistics.median(with_hook) / statistics.median(null_patch),
