@@ -27,10 +27,11 @@ FRAMEWORK_PATHS = ("/robots.txt", "/favicon.ico")
 _REASONS = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
 
-def install(handler: Handler) -> bool:
+def install(handler: Handler, lane: bool = False) -> bool:
     """Put `handler` in front of the Flask app functions-framework is loading this module into.
     False (and nothing installed) outside functions-framework, or when it is asked to log
-    execution ids (LOG_EXECUTION_ID), which only its own wrappers do."""
+    execution ids (LOG_EXECUTION_ID), which only its own wrappers do. With `lane`, the images'
+    gunicorn also hands it binary-mode CloudEvents straight from the socket (serving/fastlane.py)."""
     try:
         import flask
     except ImportError:  # pragma: no cover
@@ -54,6 +55,9 @@ def install(handler: Handler) -> bool:
         return [body]
 
     app.wsgi_app = wsgi_app
+    if lane:
+        from serving import fastlane
+        fastlane.handler = handler
     return True
 
 

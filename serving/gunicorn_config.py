@@ -36,6 +36,11 @@ environment, PORT), plus what long-lived clients need:
   Secret needs no restart. One container instead of a second server beside the function: `func
   deploy` can declare it (func.yaml has one container, its envs and volumes), and the pod is
   Ready exactly when the server that holds both listeners answers its readiness.
+- **bind's events from the socket** (serving/fastlane.py): the worker hands a plain HTTP/1.1
+  request of the shape the event sources send straight to bind's fast handler, and gives any
+  other request, bytes and all, to gthread's own parser; its heartbeat (a system call) is
+  written once a second instead of at every request. Half of an event's CPU was gunicorn's
+  request and response objects (issue 62).
 - **reuse_port**: a new server can listen on the port while the old one drains (a restart in
   place, as the local control plane does it; in a pod each revision has its own address, and
   Linux lets only processes of the same user share a port: in a pod, the function's own). A
@@ -51,10 +56,11 @@ import os
 import signal
 import ssl
 import threading
+import time
 
 from gunicorn.workers import gthread
 
-from serving import draining
+from serving import draining, fastlane
 
 KEEPALIVE_SECONDS = 120
 DRAIN_SECONDS = float(os.environ.get("DRAIN_SECONDS", "15"))
@@ -156,6 +162,12 @@ class DrainingWorker(gthread.ThreadWorker):
     them, and keeps them open until its last request is done: with another server on the port
     (reuse_port), a connection the kernel queued there in the meantime was reset at the end."""
 
+    @property
+    def _tls(self) -> bool:  # gunicorn's cfg.is_ssl, looked up once (a property over its settings)
+        if not hasattr(self, "_is_ssl"):
+            self._is_ssl = bool(self.cfg.is_ssl)
+        return self._is_ssl
+
     def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)
         if enabled or self.alive:
@@ -187,6 +199,44 @@ class DrainingWorker(gthread.ThreadWorker):
         self.nr_conns += 1
         client.setblocking(True)
         self.enqueue_req(self.connection(client, address, listener))
+
+    _notified = 0.0
+
+    def notify(self) -> None:
+        """The heartbeat, at most once a second (a file's mtime set: a system call). gthread
+        beats at every turn of its loop, a turn per request; the master reads it only with a
+        worker timeout, which these servers do not set (timeout = 0), and a beat a second is
+        within any timeout gunicorn accepts."""
+        now = time.monotonic()
+        if now - self._notified >= 1.0:
+            self._notified = now
+            super().notify()
+
+    def handle(self, conn: gthread.TConn):
+        """gthread's, with bind's CloudEvents served by serving/fastlane.py: a plain HTTP/1.1
+        connection's request is read by the lane, and given back to gthread's parser when the lane
+        does not serve it."""
+        if fastlane.handler is None or conn.cfg is not self.cfg or conn.is_http2 or self._tls:
+            return super().handle(conn)
+        try:
+            if not conn.initialized and not conn.data_ready:
+                if not conn.wait_for_data(gthread.DEFAULT_WORKER_DATA_TIMEOUT):
+                    return gthread._DEFER  # as gthread does: the poller waits, not a thread
+            conn.sock.setblocking(True)
+            conn.init()
+            if conn.is_http2 or conn.parser.unreader.buf.getbuffer().nbytes:
+                return super().handle(conn)  # h2c, or a pipelined request already buffered
+            keep_alive = bool(self.alive and self.cfg.keepalive and len(self.keepalived_conns) < self.max_keepalived)
+            return fastlane.serve(conn.sock, keep_alive, conn.parser.unreader.unread)
+        except fastlane.NotMine as request:
+            conn.parser.unreader.unread(request.data)
+            return super().handle(conn)
+        except OSError as error:
+            if error.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                self.log.exception("Socket error processing request.")
+        except Exception as error:  # as gthread's handle: a 500, logged
+            self.handle_error(None, conn.sock, conn.client, error)
+        return False
 
     def connection(self, client, address, listener) -> gthread.TConn:
         server = listener.getsockname()

@@ -204,4 +204,4 @@ def _fast(environ: dict):
         return _reply(503, error="internal error in bind; the event will be redelivered")
 
 
-fastpath.install(_fast)
+fastpath.install(_fast, lane=True)
