@@ -329,9 +329,10 @@ THREADS = [
     ("placer workers (the cycle, the Binding, the record)", ("Placer._work (",)),
     ("informers (watches of pods, nodes, records)", ("Informer._run (",)),
     ("event recorder (Events, conditions)", ("Recorder._run (", "Recorder._write_later (")),
-    # gunicorn's gthread worker answers requests from a ThreadPoolExecutor of its own: before the
-    # placer's pool, which is one too
-    ("requests (events, pings, probes)", ("gunicorn/workers/",)),
+    # gunicorn's gthread worker answers requests from a ThreadPoolExecutor of its own (bind's
+    # events through serving/fastlane.py, called from serving/gunicorn_config.py's worker): before
+    # the placer's pool, which is one too
+    ("requests (events, pings, probes)", ("gunicorn/workers/", "serving/gunicorn_config.py", "serving/fastlane.py")),
     ("a gang's Bindings side by side", ("_worker (concurrent/futures/thread.py",)),
     ("sweeper, records check", ("Placer._sweep_forever", "Placer._check_records_forever")),
 ]

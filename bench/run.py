@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from bench import decode, framework, frontdoor, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
+from bench import decode, events, framework, frontdoor, gang, hostile, kueue, namespace_name, pool, quota, scale, soak, workloads
 from bench.proc import peak_rss_mb
 from gpu_scheduler.admission import admission_response
 from localcp import images
@@ -781,6 +781,8 @@ def table(results: dict) -> str:
         rows.append("")
         rows.append("bind finding its own work: backlog drain, scale, API writes (bench/scale.py):")
         rows += scale.rows(results["scale"])
+    if "events" in results:
+        rows += events.rows(results["events"])
     if "soak" in results:
         rows += ["", *soak.rows(results["soak"])]
     if results.get("frontdoor"):
@@ -881,6 +883,8 @@ def measure(args, results: dict, n: int, reps: int, replicas: int, iterations: i
         results["issue39_pods"] = framework.framework_cost(stack, n if args.smoke else 300, 1 if args.smoke else 4,
                                                            scale.BEFORE_ISSUE_39)
     results["scale"] = scale.run(args.smoke, args.scale)
+    print("bench: CPU per event bind answers (bench/events.py)", flush=True)
+    results["events"] = events.event_cpu(300 if args.smoke else 3000, 1 if args.smoke else 3)
     results["soak"] = soak.run(args.smoke)
     if not args.no_real_nodes:
         print("bench: real nodes (kubelet + containerd)", flush=True)

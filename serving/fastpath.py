@@ -7,7 +7,8 @@ Why: per request, Flask, werkzeug and functions-framework's wrappers cost more o
 bind's own decision (bench/profiles/, docs/performance.md). Users still run
 `functions-framework --target bind`: the function's module is executed by functions-framework
 inside its Flask app's context, and installs this there, in front of that app's WSGI callable.
-GPU_SCHEDULER_FAST_PATH=off leaves every request to Flask (tests/test_fastpath.py compares the two).
+GPU_SCHEDULER_FAST_PATH=off leaves every request to Flask (tests/test_fastpath.py compares the two);
+GPU_SCHEDULER_FAST_LANE=off keeps this path but leaves the request's parsing to gunicorn.
 Like jsonlog, a helper of the shells, not of the pure core.
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def install(handler: Handler, lane: bool = False) -> bool:
         return [body]
 
     app.wsgi_app = wsgi_app
-    if lane:
+    if lane and os.environ.get("GPU_SCHEDULER_FAST_LANE", "on").lower() not in ("off", "0", "false", "no"):
         from serving import fastlane
         fastlane.handler = handler
     return True
