@@ -26,7 +26,7 @@ from localcp import images
 from localcp.cluster import free_port
 from tests.fixtures import SAMPLES
 
-from .profile import cpu_seconds
+from . import profile
 
 REPO = Path(__file__).resolve().parent.parent
 WAYS = {"lane": {}, "lane off": {"GPU_SCHEDULER_FAST_LANE": "off"}, "Flask": {"GPU_SCHEDULER_FAST_PATH": "off"}}
@@ -91,9 +91,9 @@ def event_cpu(events: int = 3000, reps: int = 3) -> dict:
             for rep in range(reps):
                 for way in (list(WAYS) if rep % 2 == 0 else list(WAYS)[::-1]):
                     process, port = servers[way]
-                    before = cpu_seconds(process.pid)
+                    before = profile.cpu_seconds(process.pid)
                     _send(port, events, body, headers)
-                    figures[way].append((cpu_seconds(process.pid) - before) * 1000 / events)
+                    figures[way].append((profile.cpu_seconds(process.pid) - before) * 1000 / events)
         finally:
             for process, _ in servers.values():
                 os.killpg(process.pid, signal.SIGINT)
