@@ -15,7 +15,7 @@ Like fastpath, a helper of the shells, not of the pure core.
 """
 from __future__ import annotations
 
-import io
+import select
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -68,6 +68,13 @@ class _Body:
     def unread(self) -> bytes:
         """What was read of the body, then what is buffered beyond it."""
         return b"".join(self.read_bytes) + self.buffered
+
+
+def next_request_within(sock, seconds: float) -> bool:
+    """Whether `sock` has bytes to read (a next request, or the client closing) within `seconds`."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 _date = [0, b""]

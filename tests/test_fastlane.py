@@ -201,3 +201,12 @@ def test_a_connection_the_lane_answered_stays_open_past_gunicorns_default_keep_a
     (first, second), closed = same(servers, post(body, headers), post(body, {**headers, "Ce-Id": str(uuid.uuid4())}),
                                    pause=3, answers=2)
     assert first[0] == second[0] == 200 and not closed
+
+
+def test_events_back_to_back_on_one_connection_are_all_answered(servers):
+    body, headers = add_event()
+    # 2 ms apart: within the time a thread keeps a connection it served for the next request
+    # (serving/gunicorn_config.py, LINGER_SECONDS), so the lane reads the next one itself
+    requests = [post(body, {**headers, "Ce-Id": str(uuid.uuid4())}) for _ in range(5)]
+    answers, closed = same(servers, *requests, pause=0.002, answers=5)
+    assert [a[0] for a in answers] == [200] * 5 and not closed
