@@ -108,8 +108,9 @@ def check_pod(data: Any) -> Mapping[str, Any]:
     return data
 
 
-def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Pooled | Unplaceable:
-    """What to do with a pod seen in an add/update event or a resync listing."""
+def not_ours_to_place(pod: Mapping[str, Any]) -> Ignore | None:
+    """Why a pod is not for bind to place (another scheduler's, bound, being deleted), or None:
+    what bind_decision says first, without reading the map."""
     meta, pod_spec = metadata(pod), spec(pod)
     if pod_spec.get("schedulerName") != SCHEDULER_NAME:
         return Ignore(f"spec.schedulerName is {pod_spec.get('schedulerName')!r}")
@@ -117,6 +118,15 @@ def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Pooled | Unplaceabl
         return Ignore(f"already bound to {pod_spec['nodeName']}")
     if meta.get("deletionTimestamp"):
         return Ignore("being deleted")
+    return None
+
+
+def bind_decision(pod: Mapping[str, Any]) -> Ignore | Bind | Pooled | Unplaceable:
+    """What to do with a pod seen in an add/update event or a resync listing."""
+    ignore = not_ours_to_place(pod)
+    if ignore is not None:
+        return ignore
+    meta = metadata(pod)
     name = f"{meta.get('namespace')}/{meta.get('name')}"
     try:
         resolved = entry(pod)

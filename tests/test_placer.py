@@ -862,3 +862,18 @@ def test_the_pending_pods_of_the_scoped_listing_are_queued_once_bind_can_place_t
     placer.views.scope._merge = lambda listings: seen.append(placer.views.can_place())
     placer.views.scope._list_pending()
     assert seen == [True]
+
+
+def test_an_add_event_for_a_pod_the_watch_shows_bound_is_answered_without_reading_its_map(monkeypatch):
+    """Most add events come after bind's own watch has placed the pod: the answer is the view's,
+    and the map (an entry for every replica) is not parsed for it, nor logged at info."""
+    from gpu_scheduler import binding, placement
+    bound = copy.deepcopy(POD)
+    bound["spec"]["nodeName"] = "node1"
+    placer, api = placer_with(pods=[bound])
+    parsed = []
+    monkeypatch.setattr(placement, "resolve", lambda *a, **k: parsed.append(a) or pytest.fail("map parsed"))
+    monkeypatch.setattr(binding, "entry", lambda *a, **k: parsed.append(a) or pytest.fail("map parsed"))
+    answer = event_placed(placer)
+    assert answer["result"] == "AlreadyBound" and answer["node"] == "node1"
+    assert parsed == [] and api.called("bind") == [] and api.called("read_pod") == []

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 import prometheus_client as prom
 
 from gpu_scheduler.binding import (
-    ALREADY_BOUND, BOUND, GONE, PENDING_SELECTOR, REPLACED, Ignore, Unplaceable, bind_decision,
+    ALREADY_BOUND, BOUND, GONE, PENDING_SELECTOR, REPLACED, Ignore, Unplaceable, bind_decision, not_ours_to_place,
 )
 from gpu_scheduler.devices import DRA
 from gpu_scheduler.events import (
@@ -259,17 +259,21 @@ class Placer:
         any other is placed as the API server has it: from the pod watch when it holds the pod,
         else read now. Its map, UID, scheduler name and node are the API server's, and the
         Binding's preconditions are that UID and version."""
-        decision = bind_decision(event_pod)
-        if isinstance(decision, Ignore):
-            return self._ignored(decision.why)
+        ignore = not_ours_to_place(event_pod)
+        if ignore is not None:
+            return self._ignored(ignore.why)
         ref = PodRef.of(event_pod)
         if self.api is None:
             return {**self._report(ref, RETRY, f"no Kubernetes API configuration: {self.problem}"), "retry": True}
         self.start()
+        # Nothing else of the event's pod is read (its map is not parsed): it is placed as the
+        # API server has it.
         if self.views.synced():
+            # Most add events come after the watch has shown the pod bound: logged at debug, since
+            # its placement was logged when it was made.
             node = self.views.assigned_node(ref.uid)
             if node:
-                return self._report(ref, ALREADY_BOUND, "", node)
+                return self._report(ref, ALREADY_BOUND, "", node, quiet=True)
             if self.views.pending_version(ref.uid) is not None:
                 POD_READS.labels("watch").inc()
                 return self._run(ref.uid)
@@ -291,7 +295,7 @@ class Placer:
         if (live.get("metadata") or {}).get("uid") != ref.uid:
             return self._report(ref, REPLACED, "the event's pod was deleted; a pod of the same name has another UID")
         if (live.get("spec") or {}).get("nodeName"):  # a duplicate, or another instance was first
-            return self._report(ref, ALREADY_BOUND, "", live["spec"]["nodeName"])
+            return self._report(ref, ALREADY_BOUND, "", live["spec"]["nodeName"], quiet=True)
         return self._run(self.views.observe_pending(live))
 
     def resync(self, wait: bool = False) -> dict[str, Any]:
