@@ -127,6 +127,13 @@ def load_kubectl_configuration(kubeconfig: str | None = None, context: str | Non
     return from_kubeconfig(kubeconfig, context)
 
 
+def unread(raw: bytes) -> dict:
+    """The answer of a write whose caller never reads it (the object as stored: a whole pod for a
+    status patch, the Event, the Binding's Status), left undecoded: {}. A failed write's answer
+    is still decoded, into its APIError."""
+    return {}
+
+
 class Kube:
     def __init__(self, configuration: ClusterConfig, timeout: urllib3.Timeout = TIMEOUT):
         """`timeout`: of each call (not of watches); mutate's are shorter than bind's, inside the
@@ -196,7 +203,7 @@ class Kube:
         return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
 
     def bind(self, namespace: str, name: str, binding: dict) -> dict:
-        return self._call("POST", self._pod(namespace, name) + "/binding", binding)
+        return self._call("POST", self._pod(namespace, name) + "/binding", binding, decode=unread)
 
     def read_pod(self, namespace: str, name: str, cached: bool = False, projection: Decoder | None = None) -> dict:
         """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""
@@ -326,7 +333,7 @@ class Kube:
                            "preconditions": {"resourceVersion": resource_version}})
 
     def patch_pod_status(self, namespace: str, name: str, patch: dict) -> dict:
-        return self._call("PATCH", self._pod(namespace, name) + "/status", patch, STRATEGIC_PATCH)
+        return self._call("PATCH", self._pod(namespace, name) + "/status", patch, STRATEGIC_PATCH, decode=unread)
 
     def evict(self, namespace: str, name: str, uid: str) -> dict:
         """The Eviction API (policy/v1): the pod deleted with its own grace period unless a
@@ -371,13 +378,14 @@ class Kube:
                                     f"{quote(name)}")
 
     def create_event(self, namespace: str, event: dict) -> dict:
-        return self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)
+        return self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event, decode=unread)
 
     def read_event(self, namespace: str, name: str) -> dict:
         return self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/events/{quote(name)}")
 
     def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
-        return self._call("PATCH", f"/api/v1/namespaces/{quote(namespace)}/events/{quote(name)}", patch, MERGE_PATCH)
+        return self._call("PATCH", f"/api/v1/namespaces/{quote(namespace)}/events/{quote(name)}", patch, MERGE_PATCH,
+                          decode=unread)
 
     def create_token_review(self, review: dict) -> dict:
         return self._call("POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)

@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from datetime import datetime, timezone
 from typing import Callable
 
 import prometheus_client as prom
@@ -29,8 +28,14 @@ DEFER_FILL = 0.75
 DROPPED = prom.Counter("gpu_scheduler_recorder_dropped_total", "Events and conditions not written", ["why"])
 
 
+_stamp = [-1, ""]  # (second, its RFC 3339 text): Events are stamped to the second
+
+
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = int(time.time())
+    if _stamp[0] != second:
+        _stamp[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))]
+    return _stamp[1]
 
 
 class Recorder:
