@@ -33,6 +33,26 @@ _NOT_MINE = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"http2-sett
 _TOKEN = frozenset(b"!#$%&'*+-.^`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+# A header's name as sent -> its WSGI environ key: the same few names come in every event.
+_KEYS: dict[bytes, str] = {}
+_KEYS_KEPT = 256  # names remembered at most (anyone may send any names)
+
+
+def _environ_key(name: bytes) -> str | None:
+    """The environ key of a header the lane reads (remembered), or None for a name gunicorn must
+    judge: empty, not a token (an underscore, a space: folding), or one of _NOT_MINE."""
+    if not name or not _TOKEN.issuperset(name):
+        return None
+    lower = name.lower()
+    if lower in _NOT_MINE:
+        return None
+    key = {b"content-length": "CONTENT_LENGTH", b"content-type": "CONTENT_TYPE"}.get(lower)
+    key = key or "HTTP_" + lower.decode("latin-1").upper().replace("-", "_")
+    if len(_KEYS) < _KEYS_KEPT:
+        _KEYS[name] = key
+    return key
+
+
 class NotMine(Exception):
     """The request is gunicorn's: `data` is every byte read from the socket, in order."""
 
@@ -118,23 +138,18 @@ def serve(sock, keep_alive: bool, unread: Callable[[bytes], None]) -> bool:
     close = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or not name or not _TOKEN.issuperset(name):
-            raise NotMine(data)  # folded, malformed, or an underscore: gunicorn's rules apply
-        name = name.lower()
+        key = _KEYS.get(name)
+        if key is None:
+            key = _environ_key(name) if colon else None
+            if key is None:
+                raise NotMine(data)  # folded, malformed, an underscore, or a header gunicorn handles
         value = value.strip(b" \t")
-        if name in _NOT_MINE:
-            raise NotMine(data)
-        if name == b"content-length":
+        if key == "CONTENT_LENGTH":
             if length >= 0 or not value.isdigit():
                 raise NotMine(data)
             length = int(value)
-            key = "CONTENT_LENGTH"
-        elif name == b"content-type":
-            key = "CONTENT_TYPE"
-        else:
-            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-            if name == b"connection" and b"close" in value.lower():
-                close = True
+        elif key == "HTTP_CONNECTION" and b"close" in value.lower():
+            close = True
         if key in environ:
             raise NotMine(data)  # a header twice: gunicorn joins or refuses it
         environ[key] = value.decode("latin-1")
