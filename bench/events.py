@@ -18,38 +18,30 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 from localcp import images
 from localcp.cluster import free_port
 from tests.fixtures import SAMPLES
 
-from . import profile
+from . import hostile, profile
 
 REPO = Path(__file__).resolve().parent.parent
 WAYS = {"lane": {}, "lane off": {"GPU_SCHEDULER_FAST_LANE": "off"}, "Flask": {"GPU_SCHEDULER_FAST_PATH": "off"}}
 CONNECTIONS = 2
 
 
-def _serve(env: dict[str, str], kubeconfig: Path) -> tuple[subprocess.Popen, int]:
+def serve_bind_image(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """bind run by its image's entry point (Dockerfile.bind) on a free port of this machine, in a
+    session of its own, once it answers /health/liveness: (the process, its port)."""
     port = free_port()
     process = subprocess.Popen(
         images.read_dockerfile(REPO / "Dockerfile.bind").entrypoint, cwd=REPO, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-             "PYTHONPATH": str(REPO), "PORT": str(port), "LOG_LEVEL": "WARNING", "DRAIN_SECONDS": "0",
-             "KUBECONFIG": str(kubeconfig), **env})
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveness", timeout=1)
-            return process, port
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bind did not start") from None
-            time.sleep(0.1)
+             "PYTHONPATH": str(REPO), "PORT": str(port), "LOG_LEVEL": "WARNING", "DRAIN_SECONDS": "0", **env})
+    hostile.wait_live(f"http://127.0.0.1:{port}", process, "bind", 60)
+    return process, port
 
 
 def _send(port: int, n: int, body: bytes, headers: dict[str, str]) -> None:
@@ -77,14 +69,8 @@ def event_cpu(events: int = 3000, reps: int = 3) -> dict:
     headers = {**captured["headers"], "Content-Type": "application/json"}
     figures: dict[str, list[float]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory() as tmp:
-        kubeconfig = Path(tmp) / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
-                                                   "insecure-skip-tls-verify": True}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-        servers = {way: _serve(env, kubeconfig) for way, env in WAYS.items()}
+        kubeconfig = hostile.unreachable_kubeconfig(tmp)
+        servers = {way: serve_bind_image({"KUBECONFIG": kubeconfig, **env}) for way, env in WAYS.items()}
         try:
             for process, port in servers.values():
                 _send(port, 200, body, headers)  # warm: imports, connections, caches

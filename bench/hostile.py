@@ -134,6 +134,20 @@ def parse_scaling(reps: int) -> dict:
 
 
 # -- servers ----------------------------------------------------------------------------------------
+def wait_live(url: str, process: subprocess.Popen, what: str, seconds: float = 30) -> None:
+    """Until the server at `url` answers /health/liveness (RuntimeError if `process` exits or
+    `seconds` pass first)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health/liveness", timeout=1)
+            return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
 class Server:
     def __init__(self, target: str, env: dict[str, str]):
         self.port = free_port()
@@ -147,15 +161,7 @@ class Server:
             command = [sys.executable, "-m", "functions_framework", "--target", target, "--source",
                        str(REPO / "functions" / target / "main.py"), "--host", "127.0.0.1", "--port", str(self.port)]
         self.process = subprocess.Popen(command, env=base, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/health/liveness", timeout=1)
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"{target} did not start")
-                time.sleep(0.05)
+        wait_live(self.url, self.process, target)
 
     def post(self, body: bytes, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, float]:
         request = urllib.request.Request(self.url + "/", data=body, method="POST",
@@ -178,7 +184,8 @@ class Server:
         self.process.wait(10)
 
 
-def _unreachable_kubeconfig(directory: str) -> str:
+def unreachable_kubeconfig(directory: str) -> str:
+    """A kubeconfig in `directory` naming an API server nobody listens for."""
     path = Path(directory) / "kubeconfig"
     path.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
@@ -225,7 +232,7 @@ def peak_memory(count: int) -> dict:
     finally:
         mutate.stop()
     with tempfile.TemporaryDirectory() as directory:
-        bind = Server("bind", {"KUBECONFIG": _unreachable_kubeconfig(directory)})
+        bind = Server("bind", {"KUBECONFIG": unreachable_kubeconfig(directory)})
         try:
             def event(pair):
                 n, map_text = pair

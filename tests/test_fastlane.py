@@ -12,21 +12,14 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 
-from localcp import images
-from localcp.cluster import free_port
+from bench.events import serve_bind_image
 from tests.test_fastpath import bind_cases, event
 
-REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = str(Path(sys.executable).parent)
 BODY_SECONDS = 1.0
 
 
@@ -34,22 +27,7 @@ class ImageServer:
     """bind run by its image's entry point, on a port of this machine."""
 
     def __init__(self, env: dict[str, str]):
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            images.read_dockerfile(REPO / "Dockerfile.bind").entrypoint, cwd=REPO, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO),
-                 "PORT": str(self.port), "LOG_LEVEL": "WARNING", "DRAIN_SECONDS": "0",
-                 "BODY_TIMEOUT_SECONDS": str(BODY_SECONDS), **env})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/liveness", timeout=1)
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("bind did not start")
-                time.sleep(0.1)
+        self.process, self.port = serve_bind_image({"BODY_TIMEOUT_SECONDS": str(BODY_SECONDS), **env})
 
     def exchange(self, *pieces: bytes, pause: float = 0.0, answers: int = 1, timeout: float = 10) -> list[tuple]:
         """Send the pieces on one new connection (pausing between them), read `answers` answers:
