@@ -26,6 +26,8 @@ from serving import draining
 # The fast handler installed by fastpath.install (None: no lane, every request to gunicorn).
 handler: Optional[Callable[[dict], Optional[tuple]]] = None
 
+# The environ key saying the whole body came with the head (set only then).
+BODY_IN_HAND = "gpu_scheduler.body_in_hand"
 HEAD_LIMIT = 16384  # a request head longer than this is gunicorn's to parse (and to refuse)
 _REASONS = {status.value: f"{status.value} {status.phrase}".encode() for status in HTTPStatus}
 # Headers that make a request one this lane does not serve: gunicorn knows what to do with them.
@@ -158,6 +160,8 @@ def serve(sock, keep_alive: bool, unread: Callable[[bytes], None]) -> bool:
     head = data[:end + 4]
     body = _Body(sock, data[end + 4:], length)
     environ["wsgi.input"] = body
+    if len(body.buffered) >= length:
+        environ[BODY_IN_HAND] = True  # read with the head: no read of it can stall (fastpath.read_within)
     answer = handler(environ)
     if answer is None:
         raise NotMine(head + body.unread())

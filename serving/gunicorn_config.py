@@ -41,7 +41,8 @@ environment, PORT), plus what long-lived clients need:
   other request, bytes and all, to gthread's own parser; its heartbeat (a system call) is
   written once a second instead of at every request. Half of an event's CPU was gunicorn's
   request and response objects (issue 62). A connection the lane served is kept by its thread
-  for 5 ms for the next request before it goes back to the poller.
+  for up to a second for the next request before it goes back to the poller, by all threads
+  but one at most.
 - **reuse_port**: a new server can listen on the port while the old one drains (a restart in
   place, as the local control plane does it; in a pod each revision has its own address, and
   Linux lets only processes of the same user share a port: in a pod, the function's own). A
@@ -159,9 +160,12 @@ def pre_request(worker, req) -> None:
 
 # A connection the lane served is kept by its thread for the next request for this long (at most
 # this many requests in a row) before it goes back to the poller: an event source sends its events
-# back to back on a few connections, and each trip through the poller and the thread pool cost
-# about a third of an event's CPU (four thread switches, two epoll changes, a pipe write).
-LINGER_SECONDS = 0.005
+# on a few kept-alive connections, and each trip through the poller and the thread pool costs
+# four thread switches, two epoll changes and a pipe write. A second, not 5 ms: the adapter sends
+# a pod's events as they happen, tens of milliseconds apart, not back to back; events 10 ms apart
+# cost 0.53 ms of CPU each with 5 ms, 0.40 with a second (docs/performance.md). An idle connection
+# kept so holds a thread, so all threads but one at most keep one: the last is free for a probe.
+LINGER_SECONDS = 1.0
 LINGER_REQUESTS = 64
 
 
@@ -170,6 +174,11 @@ class DrainingWorker(gthread.ThreadWorker):
     listeners and then closes them, before finishing its requests. gthread only stops polling
     them, and keeps them open until its last request is done: with another server on the port
     (reuse_port), a connection the kernel queued there in the meantime was reset at the end."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Threads that may keep a served connection at once: all but one (none with one thread).
+        self._lingering = threading.BoundedSemaphore(max(0, self.cfg.threads - 1))
 
     @property
     def _tls(self) -> bool:  # gunicorn's cfg.is_ssl, looked up once (a property over its settings)
@@ -240,7 +249,7 @@ class DrainingWorker(gthread.ThreadWorker):
                 keep_alive = bool(self.alive and self.cfg.keepalive and len(self.keepalived_conns) < self.max_keepalived)
                 if not fastlane.serve(conn.sock, keep_alive, unread):
                     return False
-                if conn.parser.unreader.buf.getbuffer().nbytes or not fastlane.next_request_within(conn.sock, LINGER_SECONDS):
+                if conn.parser.unreader.buf.getbuffer().nbytes or not self._linger(conn.sock):
                     return True  # to the poller (or, with a pipelined request buffered, back to a thread)
             return True
         except fastlane.NotMine as request:
@@ -252,6 +261,16 @@ class DrainingWorker(gthread.ThreadWorker):
         except Exception as error:  # as gthread's handle: a 500, logged
             self.handle_error(None, conn.sock, conn.client, error)
         return False
+
+    def _linger(self, sock) -> bool:
+        """Whether a next request came on `sock` within LINGER_SECONDS, waited for by this thread
+        when another thread stays free (else at once False: the poller waits for it instead)."""
+        if not self.alive or not self._lingering.acquire(blocking=False):
+            return False
+        try:
+            return fastlane.next_request_within(sock, LINGER_SECONDS)
+        finally:
+            self._lingering.release()
 
     def connection(self, client, address, listener) -> gthread.TConn:
         server = listener.getsockname()

@@ -188,3 +188,31 @@ def test_events_back_to_back_on_one_connection_are_all_answered(servers):
     requests = [post(body, {**headers, "Ce-Id": str(uuid.uuid4())}) for _ in range(5)]
     answers, closed = same(servers, *requests, pause=0.002, answers=5)
     assert [a[0] for a in answers] == [200] * 5 and not closed
+
+
+def test_with_every_thread_but_one_keeping_a_connection_a_probe_is_still_answered_at_once(unreachable_kubeconfig):
+    """A thread keeps a connection the lane served for the next request (LINGER_SECONDS, 1 s):
+    with two threads, one connection keeps one; the next connection served goes back to the
+    poller instead, and a probe on a third connection finds the last thread free. Were both kept,
+    the probe would wait for the first of them to give its connection back."""
+    from serving.gunicorn_config import LINGER_SECONDS
+    server = ImageServer({"KUBECONFIG": str(unreachable_kubeconfig), "THREADS": "2"})
+    try:
+        body, headers = add_event()
+        kept = []
+        for _ in range(2):  # each served, and each then waited on by its thread if one is free for it
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(post(body, {**headers, "Ce-Id": str(uuid.uuid4())}))
+            assert read_response(sock.makefile("rb"))[0] == 200
+            kept.append(sock)
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as probe:
+            probe.sendall(b"GET /health/liveness HTTP/1.1\r\nHost: bind\r\n\r\n")
+            status = read_response(probe.makefile("rb"))[0]
+        waited = time.monotonic() - started
+        assert status == 200
+        assert waited < LINGER_SECONDS / 2, f"the probe waited {waited:.2f} s for a thread"
+        for sock in kept:
+            sock.close()
+    finally:
+        server.stop()
