@@ -62,3 +62,35 @@ def test_a_pod_forgotten_and_added_again_is_offered_once():
     queue.add("a")
     queue.add("b")
     assert sorted(drained(queue)) == ["a", "b"]
+
+
+def test_an_attempts_end_wakes_its_callers_not_the_idle_workers(monkeypatch):
+    """Eight workers wait in pop() for a pod; 100 attempts end meanwhile. Each end wakes what waits
+    for its outcome, not the workers: with one condition for both, each end woke all eight (twice),
+    and each took the lock and the GIL to find nothing to do."""
+    import threading
+    queue = schedqueue.SchedulingQueue()
+    turns = [0]  # times a worker went round pop()'s loop: each turn flushes the unschedulable pods
+    flush = queue._flush_unschedulable
+
+    def counted(now):
+        turns[0] += 1
+        flush(now)
+    monkeypatch.setattr(queue, "_flush_unschedulable", counted)
+    taken: list[str] = []
+    workers = [threading.Thread(target=lambda: taken.append(queue.pop(timeout=30)), daemon=True) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    while turns[0] < 8:  # each worker in pop(), waiting
+        threading.Event().wait(0.001)
+    for i in range(100):
+        assert queue.claim(f"elsewhere-{i}")
+        queue.done(f"elsewhere-{i}", {"result": "Bound"})
+        threading.Event().wait(0.002)  # apart, as placements end: what a woken worker would do, it does now
+    assert queue.outcome_after("elsewhere-99", None, 1) == {"result": "Bound"}
+    for i in range(8):  # then eight pods: each wakes one worker, which takes it
+        queue.add(f"pod-{i}")
+    for worker in workers:
+        worker.join(10)
+    assert sorted(taken) == [f"pod-{i}" for i in range(8)]
+    assert turns[0] < 8 + 8 * 3, f"{turns[0]} turns of pop()'s loop for 8 pods"

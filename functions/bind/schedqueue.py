@@ -26,7 +26,13 @@ class SchedulingQueue:
     def __init__(self, seed: bytes | None = None):
         """`seed`: what orders this queue's active pods (active_order); by default random, so no
         two instances (nor two processes of one host name) share an order."""
-        self._cond = threading.Condition()
+        # One lock, two conditions: workers wait in pop() for a pod to try, callers in
+        # outcome_after() for an attempt's end. Apart, an attempt's end wakes its callers only, not
+        # every worker (8 threads, each waking, taking the lock and the GIL, and going back to sleep:
+        # two such herds per placement were a tenth of bind's CPU per placement, issue 62).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._outcome_ready = threading.Condition(lock)
         self._seed = os.urandom(16) if seed is None else seed
         # (window, this instance's order, sequence, uid): a heap; a pod taken out of the active
         # set meanwhile is left in it, skipped when popped
@@ -139,7 +145,6 @@ class SchedulingQueue:
                 self._after_backoff(uid, jitter)
             else:
                 self._attempts.pop(uid, None)
-            self._cond.notify_all()
 
     def outcome_after(self, uid: str, mark: int | None, timeout: float) -> dict[str, Any] | None:
         """The outcome of the attempt of `uid` that ends after `mark` (mark(): before it began)."""
@@ -152,7 +157,7 @@ class SchedulingQueue:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                self._cond.wait(left)
+                self._outcome_ready.wait(left)
 
     def mark(self) -> int:
         """A point in time for outcome_after: outcomes recorded from now on."""
@@ -193,7 +198,7 @@ class SchedulingQueue:
         self._outcomes.move_to_end(uid)
         while len(self._outcomes) > MAX_OUTCOMES:
             self._outcomes.popitem(last=False)
-        self._cond.notify_all()
+        self._outcome_ready.notify_all()
 
     def _activate(self, uid: str) -> None:
         if uid not in self._in_active:
