@@ -21,13 +21,13 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Callable, Optional
 
-from serving import draining
+from serving import draining, fastpath
 
 # The fast handler installed by fastpath.install (None: no lane, every request to gunicorn).
 handler: Optional[Callable[[dict], Optional[tuple]]] = None
 
-# The environ key saying the whole body came with the head (set only then).
-BODY_IN_HAND = "gpu_scheduler.body_in_hand"
+# The environ key of the lane's body reader that keeps a deadline itself (fastpath.read_within).
+READ_WITHIN = "gpu_scheduler.read_within"
 HEAD_LIMIT = 16384  # a request head longer than this is gunicorn's to parse (and to refuse)
 _REASONS = {status.value: f"{status.value} {status.phrase}".encode() for status in HTTPStatus}
 # Headers that make a request one this lane does not serve: gunicorn knows what to do with them.
@@ -68,6 +68,30 @@ class _Body:
     def __init__(self, sock, buffered: bytes, length: int):
         self._sock, self.buffered, self.left = sock, buffered, length
         self.read_bytes: list[bytes] = []
+        self._deadline: float | None = None
+
+    def within(self, read: Callable[[], Optional[bytes]], seconds: float) -> Optional[bytes]:
+        """`read()`, its reads of the socket all done within `seconds` (else fastpath.SlowBody).
+        The lane reads the body itself, so a socket timeout bounds it: gunicorn's parser needs
+        fastpath's watcher thread, which a body that came after its head started for every event."""
+        self._deadline = time.monotonic() + seconds
+        try:
+            return read()
+        finally:
+            self._deadline = None
+            self._sock.settimeout(None)
+
+    def _recv(self, size: int) -> bytes:
+        if self._deadline is None:
+            return self._sock.recv(size)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise fastpath.SlowBody()
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv(size)
+        except TimeoutError:
+            raise fastpath.SlowBody() from None
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0 or size > self.left:
@@ -77,7 +101,7 @@ class _Body:
             if self.buffered:
                 chunk, self.buffered = self.buffered[:size], self.buffered[size:]
             else:
-                chunk = self._sock.recv(min(size, 65536))
+                chunk = self._recv(min(size, 65536))
                 if not chunk:
                     raise ConnectionResetError("the client closed the connection within the body")
             chunks.append(chunk)
@@ -160,8 +184,7 @@ def serve(sock, keep_alive: bool, unread: Callable[[bytes], None]) -> bool:
     head = data[:end + 4]
     body = _Body(sock, data[end + 4:], length)
     environ["wsgi.input"] = body
-    if len(body.buffered) >= length:
-        environ[BODY_IN_HAND] = True  # read with the head: no read of it can stall (fastpath.read_within)
+    environ[READ_WITHIN] = body.within
     answer = handler(environ)
     if answer is None:
         raise NotMine(head + body.unread())

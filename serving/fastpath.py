@@ -136,8 +136,9 @@ def read_within(environ: dict, read: Callable[[], Optional[bytes]], seconds: flo
     otherwise). Under gunicorn, a client that stalls or trickles has its socket's reading side
     shut at the deadline; the answer can still be written. Flask's path and the fast one both
     read through it."""
-    if environ.get("gpu_scheduler.body_in_hand"):  # serving/fastlane.BODY_IN_HAND: nothing left to wait for
-        return read()
+    lane = environ.get("gpu_scheduler.read_within")  # serving/fastlane.READ_WITHIN: keeps the deadline itself
+    if lane is not None:
+        return lane(read, seconds)
     sock = environ.get("gunicorn.socket")
     ticket = _overdue.watch(sock, time.monotonic() + seconds) if sock is not None else None
     try:
