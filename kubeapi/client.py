@@ -24,6 +24,14 @@ from kubeapi.transport import Transport, tls_context
 if TYPE_CHECKING:  # msgspec is bind's: mutate and the kubectl plugin decode in full
     from kubeapi.projection import Decoder
 
+try:  # JSON in and out in C where the functions' images have it (the kubectl plugin does not)
+    from msgspec.json import decode as decode_json, encode as encode_json
+except ImportError:  # pragma: no cover - the plugin's own environment
+    decode_json = json.loads
+
+    def encode_json(body: Any) -> bytes:
+        return json.dumps(body).encode()
+
 def quote(segment: str) -> str:
     """One path segment, escaped completely, so a name can never add, remove or climb segments
     of the URL: '/' (and '?', '#', '%') escaped, and the dot segments '.' and '..', which urllib3
@@ -175,12 +183,12 @@ class Kube:
             self._auth = (float("-inf"), {})
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = JSON,
-              query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = json.loads,
+              query: dict[str, str] | None = None, decode: Callable[[bytes], dict] = decode_json,
               accept: str = JSON) -> dict:
         headers = {"Accept": accept, **self._auth_headers()}
         data = None
         if body is not None:
-            data = json.dumps(body).encode()
+            data = encode_json(body)
             headers["Content-Type"] = content_type
         path += f"?{urlencode(query)}" if query else ""
         try:
@@ -208,7 +216,7 @@ class Kube:
     def read_pod(self, namespace: str, name: str, cached: bool = False, projection: Decoder | None = None) -> dict:
         """`cached`: served from the API server's watch cache (resourceVersion=0), not etcd."""
         return self._call("GET", self._pod(namespace, name), query={"resourceVersion": "0"} if cached else None,
-                          decode=projection.object if projection else json.loads)
+                          decode=projection.object if projection else decode_json)
 
     def server_version(self) -> dict:
         """The API server's /version (gitVersion, major, minor, ...): every authenticated user may read it."""
@@ -216,7 +224,7 @@ class Kube:
 
     def list_pods(self, field_selector: str, projection: Decoder | None = None) -> list[dict]:
         return self._call("GET", "/api/v1/pods", query={"fieldSelector": field_selector},
-                          decode=projection.listing if projection else json.loads)["items"]
+                          decode=projection.listing if projection else decode_json)["items"]
 
     def watch(self, path: str, resource_version: str, seconds: int, projection: Decoder | None = None,
               **selectors: str) -> Iterator[tuple[str, dict, int]]:
@@ -226,7 +234,7 @@ class Kube:
         event (410 Gone: the version is too old) is yielded. Over urllib3's pool:
         the stream holds its connection for minutes, which the kept-alive transport keeps for
         short calls. `projection`: decode only the fields it declares (kubeapi/projection.py)."""
-        decode = projection.event if projection else json.loads
+        decode = projection.event if projection else decode_json
         query = urlencode({"watch": "1", **{k: v for k, v in selectors.items() if v}, "resourceVersion": resource_version,
                            "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)})
         try:
@@ -264,7 +272,7 @@ class Kube:
         API server answers from its watch cache; a field selector that keeps few objects is
         answered a page at a time by reading through etcd until the page is full (4300 of 20000
         pods: 1.5 s in pages of 500, 0.4 s in one response; bench/gpus.py)."""
-        decode = projection.listing if projection else json.loads
+        decode = projection.listing if projection else decode_json
         query = {k: v for k, v in selectors.items() if v}
         if paged:
             query["limit"] = str(LIST_PAGE)
