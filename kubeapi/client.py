@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - the plugin's own environment
     def encode_json(body: Any) -> bytes:
         return json.dumps(body).encode()
 
+
 def quote(segment: str) -> str:
     """One path segment, escaped completely, so a name can never add, remove or climb segments
     of the URL: '/' (and '?', '#', '%') escaped, and the dot segments '.' and '..', which urllib3

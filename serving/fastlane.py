@@ -26,8 +26,6 @@ from serving import draining, fastpath
 # The fast handler installed by fastpath.install (None: no lane, every request to gunicorn).
 handler: Optional[Callable[[dict], Optional[tuple]]] = None
 
-# The environ key of the lane's body reader that keeps a deadline itself (fastpath.read_within).
-READ_WITHIN = "gpu_scheduler.read_within"
 HEAD_LIMIT = 16384  # a request head longer than this is gunicorn's to parse (and to refuse)
 _REASONS = {status.value: f"{status.value} {status.phrase}".encode() for status in HTTPStatus}
 # Headers that make a request one this lane does not serve: gunicorn knows what to do with them.
@@ -184,7 +182,7 @@ def serve(sock, keep_alive: bool, unread: Callable[[bytes], None]) -> bool:
     head = data[:end + 4]
     body = _Body(sock, data[end + 4:], length)
     environ["wsgi.input"] = body
-    environ[READ_WITHIN] = body.within
+    environ[fastpath.READ_WITHIN] = body.within
     answer = handler(environ)
     if answer is None:
         raise NotMine(head + body.unread())

@@ -81,6 +81,11 @@ def replay(environ: dict, body: bytes) -> None:
 
 
 # -- a deadline for the body, on every path ---------------------------------------------------
+# The environ key of a body reader that keeps `read_within`'s deadline itself (serving/fastlane.py
+# sets it): read_within(environ, read, seconds) calls environ[READ_WITHIN](read, seconds).
+READ_WITHIN = "gpu_scheduler.read_within"
+
+
 class SlowBody(Exception):
     """The body did not arrive within its deadline."""
 
@@ -136,7 +141,7 @@ def read_within(environ: dict, read: Callable[[], Optional[bytes]], seconds: flo
     otherwise). Under gunicorn, a client that stalls or trickles has its socket's reading side
     shut at the deadline; the answer can still be written. Flask's path and the fast one both
     read through it."""
-    lane = environ.get("gpu_scheduler.read_within")  # serving/fastlane.READ_WITHIN: keeps the deadline itself
+    lane = environ.get(READ_WITHIN)  # serving/fastlane's body reader keeps the deadline itself
     if lane is not None:
         return lane(read, seconds)
     sock = environ.get("gunicorn.socket")
