@@ -509,6 +509,22 @@ def status_updates(api: Kube, cpu, who: str, pods: list[dict]) -> float:
     return (cpu()[who] - before[who]) * 1000 / len(pods)
 
 
+# What the scale section's runs alternate: bind with every event of its pods delivered, bind with
+# the adapter paused (the same process: its watch alone finds the pods), kube-scheduler.
+PAUSED = "bind, adapter paused"
+SCALE_KINDS = ("bind", PAUSED, "kube-scheduler")
+SLOT_DEVICES = 4  # placed_pods' devices per node (4-7)
+
+
+def delete_pods(stack: LocalStack, api: Kube, namespaces: list[str]) -> None:
+    """The pods of `namespaces` deleted at once (no kubelet would finish a graceful deletion), and
+    waited for: their GPUs and devices are free again."""
+    for ns in namespaces:
+        api._call("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
+    stack.wait_for(lambda: not any(api._call("GET", f"/api/v1/namespaces/{ns}/pods")["items"] for ns in namespaces),
+                   WAIT_SECONDS, "the runs' pods deleted", interval=0.5)
+
+
 def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> dict:
     """bind (this tree) and kube-scheduler in turn on the same nodes and pods; then bind at
     BEFORE alone (two binds would race), on the same kind of pods. bind is sampled by
@@ -566,17 +582,26 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         source.paused = False
         probed = bulk[:STATUS_UPDATES]
         figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
-        runs: dict[str, list[dict]] = {"bind": [], "kube-scheduler": []}
+        runs: dict[str, list[dict]] = {kind: [] for kind in SCALE_KINDS}
         slot = 0
         placed_in: list[str] = []
         for rep in range(reps):
-            for scheduler in (("bind", "kube-scheduler") if rep % 2 == 0 else ("kube-scheduler", "bind")):
+            for kind in SCALE_KINDS[rep % len(SCALE_KINDS):] + SCALE_KINDS[:rep % len(SCALE_KINDS)]:
+                scheduler = "kube-scheduler" if kind == "kube-scheduler" else "bind"
+                if slot + k > len(nodes) * SLOT_DEVICES:  # every slot's device taken: the runs' pods go first
+                    delete_pods(stack, api, placed_in)
+                    quiet(cpu)
+                    slot = 0
                 ns = namespace(stack, scheduler)
                 placed_in.append(ns)
                 watch = bench_run.BoundWatch(stack, ns)
                 # bind sampled while it places (and while it watches kube-scheduler place): where
                 # its CPU goes. py-spy reads its memory without stopping it (--nonblocking).
-                spy = profile.record_raw(pids["bind"], PROFILE_RATE, Path(into) / "bind.raw.txt") if sampled else None
+                spy = (profile.record_raw(pids["bind"], PROFILE_RATE, Path(into) / "bind.raw.txt")
+                       if sampled and kind != PAUSED else None)
+                # bind with the adapter paused finds its pods by its own watch alone: its placement
+                # without the two events a pod sends it (what the events cost, side by side).
+                source.paused = kind == PAUSED
                 try:
                     before, t0, sent = cpu(), time.perf_counter(), len(source.sent)
                     create_all(api, ns, placed_pods(scheduler, range(slot, slot + k), nodes))
@@ -587,25 +612,21 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                     after = cpu()
                 finally:
                     watch.stop()
+                    source.paused = False
                     if spy:
                         samples[scheduler] += spy()
                 slot += k
-                runs[scheduler].append({"cpu_s": after[scheduler] - before[scheduler], "create_to_all_bound_s": last - t0,
-                                        "events_to_bind": len(source.sent) - sent,
-                                        # bind watching meanwhile: what another scheduler's pods cost it
-                                        **({"bind_cpu_s": after["bind"] - before["bind"]}
-                                           if scheduler == "kube-scheduler" else {})})
+                runs[kind].append({"cpu_s": after[scheduler] - before[scheduler], "create_to_all_bound_s": last - t0,
+                                   "events_to_bind": len(source.sent) - sent,
+                                   # bind watching meanwhile: what another scheduler's pods cost it
+                                   **({"bind_cpu_s": after["bind"] - before["bind"]}
+                                      if scheduler == "kube-scheduler" else {})})
         figures["status_update_cpu_ms"]["kube-scheduler"] = status_updates(api, cpu, "kube-scheduler", probed)
         peaks = {"bind": peak_rss_mb(pids["bind"])}  # before it stops
         source.paused = True  # no bind to answer until bind before is up: the events meanwhile are dropped
         binds.stop(name, pods_deleted=False)
         name = ""
-        # The runs' pods deleted (no kubelet would finish a graceful deletion): the GPUs and the
-        # slots' devices free again for bind before, which takes the slots from the start.
-        for ns in placed_in:
-            api._call("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": "0"})
-        stack.wait_for(lambda: not any(api._call("GET", f"/api/v1/namespaces/{ns}/pods")["items"] for ns in placed_in),
-                       WAIT_SECONDS, "the runs' pods deleted", interval=0.5)
+        delete_pods(stack, api, placed_in)  # the slots' devices free again for bind before, from the start
         slot = 0
         before_bind = binds.start(BEFORE, listed=True)
         if before_bind is None:
@@ -645,9 +666,11 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                     else:
                         figures["watched_before_cpu_s"].append(after["bind before"] - before["bind before"])
             peaks["bind before"] = peak_rss_mb(pids["bind before"])
-        for scheduler, measured in runs.items():
-            figures[scheduler] = {"cpu_ms_per_placement": 1000 * sum(r["cpu_s"] for r in measured) / (k * reps),
-                                  "peak_rss_mb": peaks.get(scheduler) or peak_rss_mb(pids[scheduler]), "runs": measured}
+        for kind, measured in runs.items():
+            figures[kind] = {"cpu_ms_per_placement": 1000 * sum(r["cpu_s"] for r in measured) / (k * reps),
+                             "runs": measured}
+            if kind in pids:
+                figures[kind]["peak_rss_mb"] = peaks.get(kind) or peak_rss_mb(pids[kind])
         if sampled:
             figures["profile"] = {"placing": profile.breakdown(samples["bind"]),
                                   "watching": profile.breakdown(samples["kube-scheduler"])}
@@ -728,10 +751,15 @@ def rows(results: dict) -> list[str]:
             if who in s:
                 row(f"  {who}: CPU ms per placement ({s['placed_per_run']} x {s['runs']}), peak RSS MB",
                     f"{s[who]['cpu_ms_per_placement']:.2f}, {s[who]['peak_rss_mb']:.0f}")
+        if PAUSED in s:
+            row(f"  {PAUSED}: CPU ms per placement", f"{s[PAUSED]['cpu_ms_per_placement']:.2f}")
         if "skipped" in s.get("before", {}):
             row(f"  bind at {BEFORE}", "skipped", s["before"]["skipped"])
         ratio = s["bind"]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
         row("  CPU per placement, bind / kube-scheduler", f"{ratio:.2f}", f"<= {PLACEMENT_GOAL}", ratio <= PLACEMENT_GOAL)
+        if PAUSED in s:  # the placement without its events: the part of the ratio that is not the events
+            alone = s[PAUSED]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
+            row(f"  CPU per placement, {PAUSED} / kube-scheduler", f"{alone:.2f}")
         if "bind before" in s:
             before = s["bind before"]["cpu_ms_per_placement"] / s["kube-scheduler"]["cpu_ms_per_placement"]
             row(f"  CPU per placement, bind at {BEFORE} / kube-scheduler", f"{before:.2f}")
