@@ -40,6 +40,7 @@ from bench import figure_line
 from gpu_scheduler import MANAGED_LABEL
 from gpu_scheduler.admission import label_patch
 from gpu_scheduler.fit import DEVICES_ANNOTATION
+from gpu_scheduler.records import GRACE_SECONDS
 from kubeapi.client import MERGE_PATCH, Kube
 from kubeapi.kubeconfig import from_kubeconfig
 from localcp.cluster import free_port
@@ -583,6 +584,7 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
         probed = bulk[:STATUS_UPDATES]
         figures["status_update_cpu_ms"] = {"bind": status_updates(api, cpu, "bind", probed)}
         runs: dict[str, list[dict]] = {kind: [] for kind in SCALE_KINDS}
+        records_before = binds._leases()  # the bulk pods' (their GPUs 0-3)
         slot = 0
         placed_in: list[str] = []
         for rep in range(reps):
@@ -590,6 +592,11 @@ def scale(stack: LocalStack, binds: Binds, api: Kube, size: str, into: Path) -> 
                 scheduler = "kube-scheduler" if kind == "kube-scheduler" else "bind"
                 if slot + k > len(nodes) * SLOT_DEVICES:  # every slot's device taken: the runs' pods go first
                     delete_pods(stack, api, placed_in)
+                    # and their records, which bind's sweeper deletes every GRACE_SECONDS: a sweep
+                    # during the next run would count their deletes in its CPU, and a record left
+                    # free would be taken over (an update) where the first runs created one
+                    stack.wait_for(lambda: binds._leases() <= records_before, GRACE_SECONDS * 2 + WAIT_SECONDS,
+                                   "bind's sweeper deleting the deleted pods' records", interval=1)
                     quiet(cpu)
                     slot = 0
                 ns = namespace(stack, scheduler)
